@@ -1,0 +1,107 @@
+"""Cost functions h(n_p, n_q): how much service a request of n_p prompt and n_q output tokens is.
+
+VTC charges a request incrementally: h(n_p, 0) at dispatch, then h(n_p, k) - h(n_p, k-1) for the k-th
+output token. Every cost function here is a plain total; the increments are derived from it so there
+is only one definition of a request's cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class CostFunction(Protocol):
+    """Service, in cost units, of a request with ``n_p`` prompt and ``n_q`` output tokens."""
+
+    def total(self, n_p: int, n_q: int) -> float: ...
+
+    def spec(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCost:
+    """W = w_p * n_p + w_q * n_q: the paper's default (w_p = 1, w_q = 2)."""
+
+    w_p: float = 1.0
+    w_q: float = 2.0
+
+    def total(self, n_p: int, n_q: int) -> float:
+        return self.w_p * n_p + self.w_q * n_q
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "linear", "w_p": self.w_p, "w_q": self.w_q}
+
+
+# The paper's fit of h to the A10G / Llama-7B profile (DESIGN §1): milliseconds of engine time.
+PAPER_PROFILE_COEFFS = (0.21001891, 0.10075395, 0.0039868, 0.00324733, 1.14601454)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfiledCost:
+    """h(x, y) = a x + b y + c x y + d y² + e, x = prompt, y = output tokens.
+
+    The quadratic terms charge long generations more per token, as attention over a growing context
+    costs more; the constant charges each request's fixed overhead at dispatch.
+    """
+
+    a: float = PAPER_PROFILE_COEFFS[0]
+    b: float = PAPER_PROFILE_COEFFS[1]
+    c: float = PAPER_PROFILE_COEFFS[2]
+    d: float = PAPER_PROFILE_COEFFS[3]
+    e: float = PAPER_PROFILE_COEFFS[4]
+
+    def total(self, n_p: int, n_q: int) -> float:
+        return self.a * n_p + self.b * n_q + self.c * n_p * n_q + self.d * n_q * n_q + self.e
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "profiled", "coeffs": [self.a, self.b, self.c, self.d, self.e]}
+
+
+def cost_from_spec(spec: dict[str, Any] | None) -> CostFunction:
+    """Rebuild a cost function from ``spec()`` output (used by snapshots and configuration)."""
+    if not spec or spec.get("kind", "linear") == "linear":
+        spec = spec or {}
+        return LinearCost(float(spec.get("w_p", 1.0)), float(spec.get("w_q", 2.0)))
+    if spec["kind"] == "profiled":
+        coeffs = spec.get("coeffs") or PAPER_PROFILE_COEFFS
+        if len(coeffs) != 5:
+            raise ValueError("profiled cost needs 5 coefficients (a, b, c, d, e)")
+        return ProfiledCost(*(float(c) for c in coeffs))
+    raise ValueError(f"unknown cost function kind {spec['kind']!r} (expected 'linear' or 'profiled')")
+
+
+def fit_profiled_cost(profile: dict[str, dict[str, list[float]]]) -> ProfiledCost:
+    """Least-squares fit of h to a profile ``{input: {output: [batch, prefill_s, decode_s]}}``.
+
+    The target is the per-request engine time in milliseconds (prefill_s + decode_s), as in the paper.
+    Pure arithmetic (normal equations) so the core stays free of numpy.
+    """
+    rows: list[tuple[list[float], float]] = []
+    for x_key, by_output in profile.items():
+        for y_key, values in by_output.items():
+            x, y = float(x_key), float(y_key)
+            rows.append(([x, y, x * y, y * y, 1.0], 1000.0 * (values[1] + values[2])))
+    if len(rows) < 5:
+        raise ValueError("a cost profile needs at least 5 (input, output) points to fit h")
+    n = 5
+    ata = [[sum(f[i] * f[j] for f, _ in rows) for j in range(n)] for i in range(n)]
+    atb = [sum(f[i] * t for f, t in rows) for i in range(n)]
+    return ProfiledCost(*_solve(ata, atb))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting for a small dense system."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-300:
+            raise ValueError("cost profile is degenerate: cannot fit h")
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                factor = m[r][col] / m[col][col]
+                for k in range(col, n + 1):
+                    m[r][k] -= factor * m[col][k]
+    return [m[i][n] / m[i][i] for i in range(n)]

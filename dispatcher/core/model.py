@@ -1,0 +1,91 @@
+"""Plain records the scheduler keeps: requests and tenants."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class Request:
+    """One request as the dispatcher sees it: metadata only, never the prompt text.
+
+    ``charged_output``: output tokens already charged to the tenant's counter (a prediction is charged
+    up front, so it can run ahead of ``output_tokens``). ``need``: KV tokens reserved on its worker.
+    ``true_output`` is known only in experiments (the oracle predictor reads it).
+    """
+
+    id: str
+    tenant: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    seq: int
+    need: int = 0
+    true_output: int | None = None
+    worker: str | None = None
+    predicted: int = 0
+    output_tokens: int = 0
+    charged_output: int = 0
+    started: bool = False
+    dispatched_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True, eq=False)
+class Tenant:
+    """A tenant's fairness state.
+
+    ``counter``: VTC's virtual counter (weighted charges, including predictions and lifts).
+    ``service``: exact service delivered, in cost units, unweighted. ``lifted``: total added by lifts,
+    so that counter == service / weight + lifted once every prediction is settled.
+    """
+
+    name: str
+    weight: float = 1.0
+    counter: float = 0.0
+    service: float = 0.0
+    lifted: float = 0.0
+    queue: deque[Request] = field(default_factory=deque)
+    queued_tokens: int = 0
+    in_flight: int = 0
+    admitted_at: deque[float] = field(default_factory=deque)
+    submitted: int = 0
+    rejected: int = 0
+    finished: int = 0
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "counter": self.counter,
+            "service": self.service,
+            "lifted": self.lifted,
+            "queue": [r.to_dict() for r in self.queue],
+            "in_flight": self.in_flight,
+            "admitted_at": list(self.admitted_at),
+            "submitted": self.submitted,
+            "rejected": self.rejected,
+            "finished": self.finished,
+        }
+
+    @classmethod
+    def from_state(cls, data: dict[str, Any]) -> Tenant:
+        queue = deque(Request(**r) for r in data["queue"])
+        return cls(
+            name=data["name"],
+            weight=float(data["weight"]),
+            counter=float(data["counter"]),
+            service=float(data["service"]),
+            lifted=float(data["lifted"]),
+            queue=queue,
+            queued_tokens=sum(r.prompt_tokens + r.max_tokens for r in queue),
+            in_flight=int(data["in_flight"]),
+            admitted_at=deque(float(t) for t in data["admitted_at"]),
+            submitted=int(data["submitted"]),
+            rejected=int(data["rejected"]),
+            finished=int(data["finished"]),
+        )

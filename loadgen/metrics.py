@@ -1,0 +1,345 @@
+"""Fairness and performance metrics, from exactly what was served.
+
+``ServiceRecorder`` is fed what each engine step produced (prompt tokens prefilled, output tokens
+generated, per request) and samples every tenant's cumulative service and backlog state after each
+decision point. ``summarize`` turns that into the report's figures: the largest service difference
+over any interval in which two tenants were both backlogged, against the 2U bound; service rates;
+first-token and end-to-end latency; throughput; Jain's index; rejections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dispatcher.core.costs import CostFunction
+
+WINDOW_S = 60.0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    tenant: int
+    arrival_s: float
+    prompt_tokens: int
+    output_target: int
+    generated: int = 0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    rejected: bool = False
+
+
+@dataclass
+class ServiceRecorder:
+    """Collects the exact service of every tenant while a run goes on (simulated or measured)."""
+
+    tenants: list[str]
+    weights: list[float]
+    cost: CostFunction
+    requests: dict[str, RequestRecord] = field(default_factory=dict)
+    sample_times: list[float] = field(default_factory=list)
+    sample_service: list[list[float]] = field(default_factory=list)
+    sample_backlog: list[list[bool]] = field(default_factory=list)
+    rejections: list[tuple[int, float, bool]] = field(default_factory=list)  # tenant, time, capacity idle
+    prompt_tokens_served: int = 0
+    output_tokens_served: int = 0
+
+    def __post_init__(self) -> None:
+        self.index = {name: i for i, name in enumerate(self.tenants)}
+        self.service = [0.0] * len(self.tenants)  # weighted: cost / weight
+
+    def on_arrival(self, request_id: str, tenant: str, arrival_s: float, prompt: int, output: int) -> None:
+        self.requests[request_id] = RequestRecord(self.index[tenant], arrival_s, prompt, output)
+
+    def on_reject(self, request_id: str, now: float, capacity_idle: bool) -> None:
+        rec = self.requests[request_id]
+        rec.rejected = True
+        self.rejections.append((rec.tenant, now, capacity_idle))
+
+    def on_step(
+        self, now: float, started: dict[str, int], new_tokens: dict[str, int], finished: Sequence[str]
+    ) -> None:
+        """One engine step ended at ``now``: charge what it really did to each tenant."""
+        total = self.cost.total
+        service, weights, requests = self.service, self.weights, self.requests
+        for rid, prompt in started.items():
+            rec = requests[rid]
+            rec.prompt_tokens = prompt
+            service[rec.tenant] += total(prompt, 0) / weights[rec.tenant]
+            self.prompt_tokens_served += prompt
+        for rid, k in new_tokens.items():
+            rec = requests[rid]
+            old = rec.generated
+            rec.generated = old + k
+            if old == 0:
+                rec.first_token_s = now
+            service[rec.tenant] += (total(rec.prompt_tokens, old + k) - total(rec.prompt_tokens, old)) / weights[
+                rec.tenant
+            ]
+            self.output_tokens_served += k
+        for rid in finished:
+            requests[rid].finish_s = now
+
+    def sample(self, now: float, backlogged: list[bool]) -> None:
+        self.sample_times.append(now)
+        self.sample_service.append(self.service.copy())
+        self.sample_backlog.append(backlogged)
+
+
+@dataclass
+class RunSummary:
+    """The report's entry for one run, and the time series its plots draw."""
+
+    report: dict[str, Any]
+    series: dict[str, Any]
+
+
+def bound_2u(cost: CostFunction, requests: Sequence[tuple[int, int]], pool_tokens: int) -> float:
+    """2U, U = max(h(L_input, 0), M × the largest per-output-token charge): the VTC fairness bound."""
+    longest_prompt = max((p for p, _ in requests), default=0)
+    marginal = max((cost.total(p, max(o, 1)) - cost.total(p, max(o, 1) - 1) for p, o in requests), default=0.0)
+    return 2.0 * max(cost.total(longest_prompt, 0), marginal * pool_tokens)
+
+
+def summarize(
+    rec: ServiceRecorder,
+    *,
+    workload: str,
+    policy: str,
+    replicas: int,
+    kv_tokens: int,
+    duration_s: float,
+    bound: float,
+) -> RunSummary:
+    times = np.asarray(rec.sample_times, dtype=float)
+    service = np.asarray(rec.sample_service, dtype=float).reshape(len(times), len(rec.tenants))
+    backlog = np.asarray(rec.sample_backlog, dtype=bool).reshape(len(times), len(rec.tenants))
+    weights = np.asarray(rec.weights, dtype=float)
+    pair_diff, worst_pair = _max_backlogged_diffs(service, backlog)
+    held = all(d <= bound / min(weights[f], weights[g]) + 1e-6 for (f, g), d in pair_diff.items())
+    max_diff = max(pair_diff.values(), default=0.0)
+    raw_service = service[-1] * weights if len(times) else np.zeros(len(rec.tenants))
+    demand = _demand(rec, duration_s)
+    capacity = float(raw_service.sum())
+    fair = _max_min_fair(demand, weights, capacity)
+    under_share = [bool(d > 0 and d < f - 1e-9) for d, f in zip(demand, fair, strict=True)]
+    ttft, e2e, unstarted = _latencies(rec, duration_s)
+    tenants_report: dict[str, Any] = {}
+    for i, name in enumerate(rec.tenants):
+        t_ttft, t_e2e = ttft[i], e2e[i]
+        tenants_report[name] = {
+            "weight": float(weights[i]),
+            "service": float(raw_service[i]),
+            "requests": sum(1 for r in rec.requests.values() if r.tenant == i),
+            "rejected": sum(1 for t, _, _ in rec.rejections if t == i),
+            "unstarted": unstarted[i],
+            "mean_ttft_s": _mean(t_ttft),
+            "p99_ttft_s": _pct(t_ttft, 99),
+            "mean_latency_s": _mean(t_e2e),
+            "p99_latency_s": _pct(t_e2e, 99),
+            "under_share": under_share[i],
+            "service_rate_per_window": _window_rates(times, service[:, i] * weights[i], duration_s),
+        }
+    under_ttft = [x for i in range(len(rec.tenants)) if under_share[i] for x in ttft[i]]
+    windowed = _windowed_diffs(times, service, backlog, duration_s)
+    tokens = rec.prompt_tokens_served + rec.output_tokens_served
+    report = {
+        "workload": workload,
+        "policy": policy,
+        "replicas": replicas,
+        "kv_tokens": kv_tokens,
+        "duration_s": duration_s,
+        "throughput_tokens_per_s": tokens / duration_s,
+        "prompt_tokens": rec.prompt_tokens_served,
+        "output_tokens": rec.output_tokens_served,
+        "max_abs_service_diff": max_diff,
+        "max_diff_pair": [rec.tenants[worst_pair[0]], rec.tenants[worst_pair[1]]] if worst_pair else None,
+        "bound_2u": bound / float(weights.min()) if len(weights) else bound,
+        "bound_held": held,
+        "avg_windowed_service_diff": windowed[0],
+        "max_windowed_service_diff": windowed[1],
+        "jain_index": _jain(raw_service, demand, fair),
+        "under_share_mean_ttft_s": _mean(under_ttft),
+        "rejected": len(rec.rejections),
+        "rejected_while_idle": sum(1 for _, _, idle in rec.rejections if idle),
+        "tenants": tenants_report,
+    }
+    series = {
+        "tenants": rec.tenants,
+        "rate_times": [],
+        "rates": [],
+        "gap_times": [],
+        "gap": [],
+        "arrivals": [[r.arrival_s for r in rec.requests.values() if r.tenant == i] for i in range(len(rec.tenants))],
+        "latency": [[_e2e_or_censored(r, duration_s) for r in rec.requests.values() if r.tenant == i]
+                    for i in range(len(rec.tenants))],
+    }
+    if len(times):
+        grid = np.arange(WINDOW_S, max(duration_s, WINDOW_S) + 1e-9, 5.0)
+        series["rate_times"] = grid.tolist()
+        series["rates"] = [
+            ((_at(times, service[:, i], grid) - _at(times, service[:, i], grid - WINDOW_S)) * weights[i] / WINDOW_S).tolist()
+            for i in range(len(rec.tenants))
+        ]
+        if worst_pair:
+            series["gap_times"], series["gap"] = _gap_series(times, service, backlog, worst_pair)
+    return RunSummary(report, series)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _max_backlogged_diffs(service: np.ndarray, backlog: np.ndarray) -> tuple[dict[tuple[int, int], float], Any]:
+    """For each pair, the largest |W_f − W_g| over an interval in which both stayed backlogged: within
+    each run of samples where both are backlogged, max(D) − min(D) of D = S_f − S_g."""
+    out: dict[tuple[int, int], float] = {}
+    worst: tuple[int, int] | None = None
+    n = service.shape[1]
+    active = [i for i in range(n) if backlog[:, i].any()]
+    for a_pos, f in enumerate(active):
+        for g in active[a_pos + 1 :]:
+            idx = np.flatnonzero(backlog[:, f] & backlog[:, g])
+            if len(idx) < 2:
+                continue
+            d = service[idx, f] - service[idx, g]
+            starts = np.flatnonzero(np.diff(idx, prepend=-2) != 1)
+            spread = float((np.maximum.reduceat(d, starts) - np.minimum.reduceat(d, starts)).max())
+            out[(f, g)] = spread
+            if worst is None or spread > out[worst]:
+                worst = (f, g)
+    return out, worst
+
+
+def _gap_series(times: np.ndarray, service: np.ndarray, backlog: np.ndarray, pair: tuple[int, int]):
+    """The worst interval gap ending at each moment, for the pair with the largest difference."""
+    f, g = pair
+    both = backlog[:, f] & backlog[:, g]
+    d = service[:, f] - service[:, g]
+    gap = np.zeros(len(times))
+    idx = np.flatnonzero(both)
+    if len(idx):
+        for seg in np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1):
+            ds = d[seg]
+            gap[seg] = np.maximum(ds - np.minimum.accumulate(ds), np.maximum.accumulate(ds) - ds)
+    step = max(1, len(times) // 4000)  # enough points for a plot
+    return times[::step].tolist(), gap[::step].tolist()
+
+
+def _at(times: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """A step function's value (last sample at or before each time; 0 before the first)."""
+    pos = np.searchsorted(times, at, side="right") - 1
+    return np.where(pos >= 0, values[np.clip(pos, 0, None)], 0.0)
+
+
+def _window_rates(times: np.ndarray, cumulative: np.ndarray, duration_s: float) -> list[float]:
+    if not len(times):
+        return []
+    edges = np.arange(0.0, duration_s + 1e-9, WINDOW_S)
+    if edges[-1] < duration_s:
+        edges = np.append(edges, duration_s)
+    values = _at(times, cumulative, edges)
+    return (np.diff(values) / np.diff(edges)).tolist()
+
+
+def _windowed_diffs(times: np.ndarray, service: np.ndarray, backlog: np.ndarray, duration_s: float):
+    """Average and largest spread of service among tenants backlogged for at least half of a 60 s
+    window (windows slide by 10 s); windows with fewer than two such tenants are skipped."""
+    if len(times) < 2:
+        return 0.0, 0.0
+    dt = np.diff(times, append=times[-1])
+    backlog_time = np.vstack([np.zeros(service.shape[1]), np.cumsum(backlog * dt[:, None], axis=0)])
+    bt_times = np.concatenate([[times[0]], times + dt])
+    diffs = []
+    for start in np.arange(0.0, max(duration_s - WINDOW_S, 0.0) + 1e-9, 10.0):
+        end = start + WINDOW_S
+        frac = (_interp_cum(bt_times, backlog_time, end) - _interp_cum(bt_times, backlog_time, start)) / WINDOW_S
+        members = np.flatnonzero(frac >= 0.5)
+        if len(members) < 2:
+            continue
+        got = _at(times, service, np.array([end]))[0] - _at(times, service, np.array([start]))[0]
+        got = got[members]
+        diffs.append(float(got.max() - got.min()))
+    if not diffs:
+        return 0.0, 0.0
+    return float(np.mean(diffs)), float(np.max(diffs))
+
+
+def _interp_cum(times: np.ndarray, cumulative: np.ndarray, at: float) -> np.ndarray:
+    return np.array([np.interp(at, times, cumulative[:, i]) for i in range(cumulative.shape[1])])
+
+
+def _demand(rec: ServiceRecorder, duration_s: float) -> np.ndarray:
+    """Cost per second each tenant asked for (requests that arrived within the run)."""
+    demand = np.zeros(len(rec.tenants))
+    for r in rec.requests.values():
+        if r.arrival_s <= duration_s:
+            demand[r.tenant] += rec.cost.total(r.prompt_tokens, r.output_target)
+    return demand
+
+
+def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> np.ndarray:
+    """Weighted max-min fair allocation of ``capacity`` (water-filling over demands)."""
+    alloc = np.zeros_like(demand)
+    active = [i for i in range(len(demand)) if demand[i] > 0]
+    left = capacity
+    while active:
+        level = left / sum(weights[i] for i in active)
+        capped = [i for i in active if demand[i] <= level * weights[i]]
+        if not capped:
+            for i in active:
+                alloc[i] = level * weights[i]
+            return alloc
+        for i in capped:
+            alloc[i] = demand[i]
+            left -= demand[i]
+        active = [i for i in active if i not in capped]
+    # every demand is met: the spare capacity is theirs too, so everyone is under their share
+    asking = demand > 0
+    if asking.any() and left > 0:
+        alloc[asking] += left * weights[asking] / weights[asking].sum()
+    return alloc
+
+
+def _jain(service: np.ndarray, demand: np.ndarray, fair: np.ndarray) -> float:
+    """Jain's index of service relative to what max-min fairness owes each tenant (the smaller of its
+    demand and its fair share): 1.0 = exactly fair."""
+    owed = np.minimum(demand, fair)
+    mask = owed > 0
+    if not mask.any():
+        return 1.0
+    x = np.minimum(service[mask] / owed[mask], 1.0)
+    denom = len(x) * float((x * x).sum())
+    return float(x.sum() ** 2 / denom) if denom else 0.0
+
+
+def _latencies(rec: ServiceRecorder, duration_s: float):
+    """First-token and end-to-end latencies per tenant. A request still waiting at the end counts
+    with its wait so far (a lower bound), so a policy that starves someone cannot hide it."""
+    n = len(rec.tenants)
+    ttft: list[list[float]] = [[] for _ in range(n)]
+    e2e: list[list[float]] = [[] for _ in range(n)]
+    unstarted = [0] * n
+    for r in rec.requests.values():
+        if r.rejected or r.arrival_s > duration_s:
+            continue
+        if r.first_token_s is None:
+            unstarted[r.tenant] += 1
+        first = r.first_token_s if r.first_token_s is not None else duration_s
+        ttft[r.tenant].append(first - r.arrival_s)
+        e2e[r.tenant].append(_e2e_or_censored(r, duration_s))
+    return ttft, e2e, unstarted
+
+
+def _e2e_or_censored(r: RequestRecord, duration_s: float) -> float:
+    return (r.finish_s if r.finish_s is not None else max(duration_s, r.arrival_s)) - r.arrival_s
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None

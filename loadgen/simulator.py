@@ -1,0 +1,192 @@
+"""The offline simulator: the real scheduler core driving N simulated engines in virtual time.
+
+Nothing here decides anything: arrivals go to ``FairScheduler.submit``, each engine step's report to
+``on_report`` / ``on_finish``, and ``assign`` picks what starts, exactly as the Ray dispatcher will.
+The clock jumps from event to event (an arrival or the end of some engine's step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from dispatcher.core import FairScheduler, SchedulerConfig, parse_policy
+from dispatcher.core.costs import CostFunction, LinearCost
+from loadgen.metrics import RunSummary, ServiceRecorder, bound_2u, summarize
+from loadgen.workloads import Workload
+from workers.engine import EngineRequest, SimulatedEngine, StepTimeModel
+
+DEFAULT_KV_TOKENS = 10_000
+
+
+@dataclass
+class SimulationConfig:
+    """One run's settings. ``kv_tokens`` None: the workload's own pool, else 10,000 tokens per engine.
+    ``drain``: keep going after the workload's duration until every admitted request has finished."""
+
+    policy: str = "vtc"
+    replicas: int = 1
+    kv_tokens: int | None = None
+    step_model: StepTimeModel = field(default_factory=StepTimeModel.a10g_llama7b)
+    cost: CostFunction = field(default_factory=LinearCost)
+    strict_head_of_line: bool = True
+    output_reserve_cap: int | None = None
+    preemption: bool = True
+    block_size: int = 1
+    max_engine_waiting: int = 8
+    seed: int = 42
+    drain: bool = False
+
+
+def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
+    sched = FairScheduler(
+        SchedulerConfig(
+            policy=parse_policy(config.policy),
+            cost=config.cost,
+            strict_head_of_line=config.strict_head_of_line,
+            output_reserve_cap=config.output_reserve_cap,
+            max_engine_waiting=config.max_engine_waiting,
+            seed=config.seed,
+        )
+    )
+    for name in workload.tenants:
+        sched.add_tenant(name, workload.weight(name))
+    return sched
+
+
+class Simulation:
+    """One workload under one configuration. ``run`` returns the report entry and plot series;
+    ``advance`` is public so tests can stop midway (e.g. to snapshot and restore the scheduler)."""
+
+    def __init__(self, workload: Workload, config: SimulationConfig, progress: bool = False) -> None:
+        self.workload = workload
+        self.config = config
+        self.kv_tokens = config.kv_tokens or workload.kv_tokens or DEFAULT_KV_TOKENS
+        self.scheduler = make_scheduler(workload, config)
+        self.engines = [
+            SimulatedEngine(
+                self.kv_tokens,
+                config.step_model,
+                block_size=config.block_size,
+                preemption=config.preemption,
+            )
+            for _ in range(config.replicas)
+        ]
+        self.worker_ids = [f"engine-{i}" for i in range(config.replicas)]
+        self._engine_of = {wid: e for wid, e in zip(self.worker_ids, self.engines, strict=True)}
+        for wid in self.worker_ids:
+            self.scheduler.worker_join(wid, self.kv_tokens)
+        tenants = workload.tenants
+        self.recorder = ServiceRecorder(tenants, [workload.weight(t) for t in tenants], config.cost)
+        self.now = 0.0
+        self._next_arrival = 0
+        self._step_end: list[float | None] = [None] * config.replicas
+        self._progress = progress
+
+    @property
+    def horizon(self) -> float:
+        return math.inf if self.config.drain else self.workload.duration_s
+
+    def run(self) -> RunSummary:
+        bar = tqdm(
+            total=round(self.workload.duration_s),
+            unit="sim-s",
+            desc=f"{self.workload.name}/{self.config.policy}",
+            disable=not self._progress,
+            leave=False,
+        )
+        shown = 0
+        while self.advance(until=self.horizon, max_events=2000):
+            if int(self.now) > shown:
+                bar.update(min(int(self.now), bar.total) - shown)
+                shown = min(int(self.now), bar.total)
+        bar.close()
+        return self.summary()
+
+    def advance(self, until: float, max_events: int = 1 << 62) -> bool:
+        """Process events up to time ``until``; False once nothing is left to happen before it."""
+        requests = self.workload.requests
+        for _ in range(max_events):
+            next_arrival = (
+                requests[self._next_arrival].arrival_s if self._next_arrival < len(requests) else math.inf
+            )
+            next_step = min((t for t in self._step_end if t is not None), default=math.inf)
+            t = min(next_arrival, next_step)
+            if t == math.inf or t > until:
+                return False
+            self.now = t
+            self._finish_steps()
+            self._admit_arrivals()
+            self._dispatch()
+            self._start_steps()
+            sched = self.scheduler
+            self.recorder.sample(t, [sched.is_backlogged(name) for name in self.recorder.tenants])
+        return True
+
+    def summary(self) -> RunSummary:
+        duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
+        pool = self.kv_tokens * self.config.replicas
+        bound = bound_2u(self.config.cost, [(r.prompt_tokens, r.output_tokens) for r in self.workload.requests], pool)
+        return summarize(
+            self.recorder,
+            workload=self.workload.name,
+            policy=self.config.policy,
+            replicas=self.config.replicas,
+            kv_tokens=self.kv_tokens,
+            duration_s=duration,
+            bound=bound,
+        )
+
+    # ----------------------------------------------------------------- steps
+
+    def _finish_steps(self) -> None:
+        sched, rec = self.scheduler, self.recorder
+        for i, end in enumerate(self._step_end):
+            if end is None or end > self.now:
+                continue
+            self._step_end[i] = None
+            report = self.engines[i].end_step()
+            sched.on_report(
+                self.worker_ids[i],
+                report.new_tokens,
+                started=report.started,
+                free_tokens=report.free_tokens,
+                running=report.running,
+                waiting=report.waiting,
+            )
+            for done in report.finished:
+                sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
+            rec.on_step(self.now, report.started, report.new_tokens, [d.id for d in report.finished])
+
+    def _admit_arrivals(self) -> None:
+        requests, sched, rec = self.workload.requests, self.scheduler, self.recorder
+        while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_s <= self.now:
+            r = requests[self._next_arrival]
+            rid = str(self._next_arrival)
+            self._next_arrival += 1
+            rec.on_arrival(rid, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            reason = sched.submit(rid, r.tenant, r.prompt_tokens, r.output_tokens, self.now, r.output_tokens)
+            if reason is not None:
+                rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, r.output_tokens))
+
+    def _dispatch(self) -> None:
+        for a in self.scheduler.assign(self.now):
+            req = a.request
+            self._engine_of[a.worker_id].add(
+                EngineRequest(req.id, req.prompt_tokens, req.max_tokens, req.true_output or req.max_tokens)
+            )
+        for req, _ in self.scheduler.take_dropped():
+            self.recorder.on_reject(req.id, self.now, False)
+
+    def _start_steps(self) -> None:
+        for i, engine in enumerate(self.engines):
+            if self._step_end[i] is None:
+                duration = engine.begin_step()
+                if duration is not None:
+                    self._step_end[i] = self.now + duration
+
+
+def simulate(workload: Workload, config: SimulationConfig, progress: bool = False) -> RunSummary:
+    return Simulation(workload, config, progress).run()
