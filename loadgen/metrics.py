@@ -9,6 +9,7 @@ first-token and end-to-end latency; throughput; Jain's index; rejections.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,9 +60,7 @@ class ServiceRecorder:
         rec.rejected = True
         self.rejections.append((rec.tenant, now, capacity_idle))
 
-    def on_step(
-        self, now: float, started: dict[str, int], new_tokens: dict[str, int], finished: Sequence[str]
-    ) -> None:
+    def on_step(self, now: float, started: dict[str, int], new_tokens: dict[str, int], finished: Sequence[str]) -> None:
         """One engine step ended at ``now``: charge what it really did to each tenant."""
         total = self.cost.total
         service, weights, requests = self.service, self.weights, self.requests
@@ -124,8 +123,8 @@ def summarize(
     raw_service = service[-1] * weights if len(times) else np.zeros(len(rec.tenants))
     demand = _demand(rec, duration_s)
     capacity = float(raw_service.sum())
-    fair = _max_min_fair(demand, weights, capacity)
-    under_share = [bool(d > 0 and d < f - 1e-9) for d, f in zip(demand, fair, strict=True)]
+    owed, level = _max_min_fair(demand, weights, capacity)
+    under_share = [bool(0 < d < level * w) for d, w in zip(demand, weights, strict=True)]
     ttft, e2e, unstarted = _latencies(rec, duration_s)
     tenants_report: dict[str, Any] = {}
     for i, name in enumerate(rec.tenants):
@@ -161,7 +160,7 @@ def summarize(
         "bound_held": held,
         "avg_windowed_service_diff": windowed[0],
         "max_windowed_service_diff": windowed[1],
-        "jain_index": _jain(raw_service, demand, fair),
+        "jain_index": _jain(raw_service, owed),
         "under_share_mean_ttft_s": _mean(under_ttft),
         "rejected": len(rec.rejections),
         "rejected_while_idle": sum(1 for _, _, idle in rec.rejections if idle),
@@ -174,14 +173,18 @@ def summarize(
         "gap_times": [],
         "gap": [],
         "arrivals": [[r.arrival_s for r in rec.requests.values() if r.tenant == i] for i in range(len(rec.tenants))],
-        "latency": [[_e2e_or_censored(r, duration_s) for r in rec.requests.values() if r.tenant == i]
-                    for i in range(len(rec.tenants))],
+        "latency": [
+            [_e2e_or_censored(r, duration_s) for r in rec.requests.values() if r.tenant == i]
+            for i in range(len(rec.tenants))
+        ],
     }
     if len(times):
         grid = np.arange(WINDOW_S, max(duration_s, WINDOW_S) + 1e-9, 5.0)
         series["rate_times"] = grid.tolist()
         series["rates"] = [
-            ((_at(times, service[:, i], grid) - _at(times, service[:, i], grid - WINDOW_S)) * weights[i] / WINDOW_S).tolist()
+            (
+                (_at(times, service[:, i], grid) - _at(times, service[:, i], grid - WINDOW_S)) * weights[i] / WINDOW_S
+            ).tolist()
             for i in range(len(rec.tenants))
         ]
         if worst_pair:
@@ -280,8 +283,9 @@ def _demand(rec: ServiceRecorder, duration_s: float) -> np.ndarray:
     return demand
 
 
-def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> np.ndarray:
-    """Weighted max-min fair allocation of ``capacity`` (water-filling over demands)."""
+def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> tuple[np.ndarray, float]:
+    """Weighted max-min fair allocation of ``capacity`` by water-filling, and the fill level: a
+    tenant asking for less than level × weight is under its share and gets all it asks for."""
     alloc = np.zeros_like(demand)
     active = [i for i in range(len(demand)) if demand[i] > 0]
     left = capacity
@@ -291,22 +295,16 @@ def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> n
         if not capped:
             for i in active:
                 alloc[i] = level * weights[i]
-            return alloc
+            return alloc, level
         for i in capped:
             alloc[i] = demand[i]
             left -= demand[i]
         active = [i for i in active if i not in capped]
-    # every demand is met: the spare capacity is theirs too, so everyone is under their share
-    asking = demand > 0
-    if asking.any() and left > 0:
-        alloc[asking] += left * weights[asking] / weights[asking].sum()
-    return alloc
+    return alloc, math.inf  # every demand is met: everyone is under its share
 
 
-def _jain(service: np.ndarray, demand: np.ndarray, fair: np.ndarray) -> float:
-    """Jain's index of service relative to what max-min fairness owes each tenant (the smaller of its
-    demand and its fair share): 1.0 = exactly fair."""
-    owed = np.minimum(demand, fair)
+def _jain(service: np.ndarray, owed: np.ndarray) -> float:
+    """Jain's index of service relative to what max-min fairness owes each tenant: 1.0 = exactly fair."""
     mask = owed > 0
     if not mask.any():
         return 1.0

@@ -109,9 +109,7 @@ class Simulation:
         """Process events up to time ``until``; False once nothing is left to happen before it."""
         requests = self.workload.requests
         for _ in range(max_events):
-            next_arrival = (
-                requests[self._next_arrival].arrival_s if self._next_arrival < len(requests) else math.inf
-            )
+            next_arrival = requests[self._next_arrival].arrival_s if self._next_arrival < len(requests) else math.inf
             next_step = min((t for t in self._step_end if t is not None), default=math.inf)
             t = min(next_arrival, next_step)
             if t == math.inf or t > until:

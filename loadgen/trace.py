@@ -25,7 +25,12 @@ def load_trace_csv(path: str | Path) -> tuple[list[Row], float]:
                 raise ValueError(f"trace {path}: missing column(s) {', '.join(missing)}")
             for line, rec in enumerate(reader, start=2):
                 try:
-                    row = (rec["client"], float(rec["req_time_s"]), int(rec["prompt_len"]), int(rec["output_len"]))
+                    row = (
+                        rec["client"],
+                        float(rec["req_time_s"]),
+                        int(rec["prompt_len"]),
+                        int(rec["output_len"]),
+                    )
                 except (TypeError, ValueError):
                     raise ValueError(f"trace {path}: line {line}: bad number in {dict(rec)}") from None
                 if row[1] < 0 or row[2] < 0 or row[3] < 1:
@@ -52,8 +57,6 @@ def synthesize_arena_trace(seed: int) -> tuple[list[Row], float]:
         times = np.sort(rng.uniform(start, end, n))  # n Poisson arrivals conditioned on the window
         prompts = np.clip(np.rint(rng.lognormal(c["prompt_log_mean"], c["prompt_log_std"], n)), 1, max_p)
         outputs = np.clip(np.rint(rng.lognormal(c["output_log_mean"], c["output_log_std"], n)), 1, max_o)
-        rows.extend(
-            (c["client"], float(t), int(p), int(o)) for t, p, o in zip(times, prompts, outputs, strict=True)
-        )
+        rows.extend((c["client"], float(t), int(p), int(o)) for t, p, o in zip(times, prompts, outputs, strict=True))
     rows.sort(key=lambda r: (r[1], r[0]))
     return rows, float(stats["duration_s"])

@@ -77,13 +77,14 @@ class TenantSpec:
     weight: float = 1.0
 
 
-def generate(name: str, duration_s: float, specs: list[TenantSpec], seed: int) -> Workload:
-    """Turn tenant specs into a request list (numpy's generator, seeded: same seed, same list)."""
+def generate(name: str, duration_s: float, specs: list[TenantSpec], seed: int, rate_scale: float = 1.0) -> Workload:
+    """Turn tenant specs into a request list (numpy's generator, seeded: same seed, same list).
+    ``rate_scale`` multiplies every rate (e.g. to overload several replicas)."""
     rng = np.random.default_rng(seed)
     requests: list[TraceRequest] = []
     for spec in specs:
         for phase in spec.phases:
-            for t in _arrivals(phase, rng):
+            for t in _arrivals(phase, rng, rate_scale):
                 p = int(rng.integers(spec.prompt[0], spec.prompt[1] + 1))
                 o = int(rng.integers(spec.output[0], spec.output[1] + 1))
                 requests.append(TraceRequest(spec.name, float(t), p, o))
@@ -91,14 +92,15 @@ def generate(name: str, duration_s: float, specs: list[TenantSpec], seed: int) -
     return Workload(name, duration_s, requests, {s.name: s.weight for s in specs})
 
 
-def _arrivals(phase: Phase, rng: np.random.Generator) -> list[float]:
+def _arrivals(phase: Phase, rng: np.random.Generator, scale: float) -> list[float]:
     if phase.rate <= 0 or phase.end_s <= phase.start_s:
         return []
     length = phase.end_s - phase.start_s
-    end_rate = phase.rate if phase.rate_end is None else phase.rate_end
+    start_rate = phase.rate * scale
+    end_rate = start_rate if phase.rate_end is None else phase.rate_end * scale
 
     def rate_at(t: float) -> float:
-        return phase.rate + (end_rate - phase.rate) * (t - phase.start_s) / length
+        return start_rate + (end_rate - start_rate) * (t - phase.start_s) / length
 
     out: list[float] = []
     if phase.arrival == "poisson":
@@ -117,66 +119,70 @@ def _steady(name: str, rate: float, duration: float, length: int = 256, **kw: An
     on_off = kw.pop("on_off_s", None)
     arrival = kw.pop("arrival", "uniform")
     return TenantSpec(
-        name, (Phase(0.0, duration, rate, arrival=arrival, on_off_s=on_off),), (length, length), (length, length), **kw
+        name,
+        (Phase(0.0, duration, rate, arrival=arrival, on_off_s=on_off),),
+        (length, length),
+        (length, length),
+        **kw,
     )
 
 
-def overload(seed: int) -> Workload:
+def overload(seed: int, scale: float = 1.0) -> Workload:
     """Two tenants, 256/256, 1.5 and 3 req/s: both far above half the engine's capacity."""
     d = 600.0
-    return generate("overload", d, [_steady("A", 1.5, d), _steady("B", 3.0, d)], seed)
+    return generate("overload", d, [_steady("A", 1.5, d), _steady("B", 3.0, d)], seed, scale)
 
 
-def proportional(seed: int) -> Workload:
+def proportional(seed: int, scale: float = 1.0) -> Workload:
     """Three tenants at 0.25, 0.5 and 1.5 req/s: the light ones get all they ask for."""
     d = 600.0
     specs = [_steady("A", 0.25, d), _steady("B", 0.5, d), _steady("C", 1.5, d)]
-    return generate("proportional", d, specs, seed)
+    return generate("proportional", d, specs, seed, scale)
 
 
-def on_off_less(seed: int) -> Workload:
+def on_off_less(seed: int, scale: float = 1.0) -> Workload:
     """A (0.5 req/s) switches on and off every 60 s, under its share; B sends 2 req/s."""
     d = 600.0
-    return generate("on_off_less", d, [_steady("A", 0.5, d, on_off_s=60.0), _steady("B", 2.0, d)], seed)
+    return generate("on_off_less", d, [_steady("A", 0.5, d, on_off_s=60.0), _steady("B", 2.0, d)], seed, scale)
 
 
-def on_off_overload(seed: int) -> Workload:
+def on_off_overload(seed: int, scale: float = 1.0) -> Workload:
     """A (2 req/s) switches on and off every 60 s and overloads when on; B sends 3 req/s."""
     d = 600.0
-    return generate("on_off_overload", d, [_steady("A", 2.0, d, on_off_s=60.0), _steady("B", 3.0, d)], seed)
+    return generate("on_off_overload", d, [_steady("A", 2.0, d, on_off_s=60.0), _steady("B", 3.0, d)], seed, scale)
 
 
-def poisson_short_long(seed: int) -> Workload:
+def poisson_short_long(seed: int, scale: float = 1.0) -> Workload:
     """Poisson arrivals: A sends many short requests (64/64, 8 req/s), B long ones (256/256, 1.5)."""
     d = 600.0
     specs = [
         TenantSpec("A", (Phase(0, d, 8.0, arrival="poisson"),), (64, 64), (64, 64)),
         TenantSpec("B", (Phase(0, d, 1.5, arrival="poisson"),), (256, 256), (256, 256)),
     ]
-    return generate("poisson_short_long", d, specs, seed)
+    return generate("poisson_short_long", d, specs, seed, scale)
 
 
-def poisson_short_long_2(seed: int) -> Workload:
+def poisson_short_long_2(seed: int, scale: float = 1.0) -> Workload:
     """Poisson arrivals: A sends long prompts with short outputs (512/32, 8 req/s), B the reverse."""
     d = 600.0
     specs = [
         TenantSpec("A", (Phase(0, d, 8.0, arrival="poisson"),), (512, 512), (32, 32)),
         TenantSpec("B", (Phase(0, d, 1.5, arrival="poisson"),), (32, 32), (512, 512)),
     ]
-    return generate("poisson_short_long_2", d, specs, seed)
+    return generate("poisson_short_long_2", d, specs, seed, scale)
 
 
-def increase(seed: int) -> Workload:
+def increase(seed: int, scale: float = 1.0) -> Workload:
     """A sends 0.5 req/s; B ramps linearly from 0.2 to 2 req/s."""
     d = 600.0
     specs = [
         _steady("A", 0.5, d),
         TenantSpec("B", (Phase(0, d, 0.2, rate_end=2.0),)),
     ]
-    return generate("increase", d, specs, seed)
+    return generate("increase", d, specs, seed, scale)
 
 
-def dist_shift(seed: int, idle_s: float = 60.0) -> Workload:
+def dist_shift(seed: int, scale: float = 1.0, idle_s: float = 60.0) -> Workload:
     """Three 300 s phases: A on/off (``idle_s``) vs B at 2 req/s; both at 1 req/s; A 0.5 vs B 1.5.
 
     LCF lets A bank credit while off and then starve B; VTC's lift does not.
@@ -194,24 +200,24 @@ def dist_shift(seed: int, idle_s: float = 60.0) -> Workload:
         ),
         TenantSpec("B", (Phase(0, third, 2.0), Phase(third, 2 * third, 1.0), Phase(2 * third, d, 1.5))),
     ]
-    return generate("dist_shift", d, specs, seed)
+    return generate("dist_shift", d, specs, seed, scale)
 
 
-def overload_multi(seed: int) -> Workload:
+def overload_multi(seed: int, scale: float = 1.0) -> Workload:
     """Eight tenants, 0.4 req/s × 3 and 0.6 req/s × 5, 256/256: everyone backlogged."""
     d = 360.0
     rates = [0.4, 0.4, 0.4, 0.6, 0.6, 0.6, 0.6, 0.6]
-    return generate("overload_multi", d, [_steady(f"T{i}", r, d) for i, r in enumerate(rates)], seed)
+    return generate("overload_multi", d, [_steady(f"T{i}", r, d) for i, r in enumerate(rates)], seed, scale)
 
 
-def overload_weighted(seed: int) -> Workload:
+def overload_weighted(seed: int, scale: float = 1.0) -> Workload:
     """Four tenants of weights 1, 2, 3 and 4, each sending 1 req/s of 256/256: service should be 1:2:3:4."""
     d = 600.0
     specs = [_steady(f"W{w}", 1.0, d, weight=float(w)) for w in (1, 2, 3, 4)]
-    return generate("overload_weighted", d, specs, seed)
+    return generate("overload_weighted", d, specs, seed, scale)
 
 
-def ablation(seed: int) -> list[Workload]:
+def ablation(seed: int, scale: float = 1.0) -> list[Workload]:
     """Two tenants at a 1:2 rate, both overloaded, for KV pools of 35,000 and 65,000 tokens and request
     lengths of 256, 512 and 768 (in and out)."""
     d = 300.0
@@ -221,7 +227,7 @@ def ablation(seed: int) -> list[Workload]:
         for length, rate in base_rates.items():
             scale = kv / 35_000
             specs = [_steady("A", rate * scale, d, length), _steady("B", 2 * rate * scale, d, length)]
-            w = generate(f"ablation-{kv}-{length}", d, specs, seed)
+            w = generate(f"ablation-{kv}-{length}", d, specs, seed, scale)
             w.kv_tokens = kv
             out.append(w)
     return out
@@ -251,10 +257,18 @@ PRESETS: dict[str, Callable[..., Workload | list[Workload]]] = {
 }
 
 
-def load_workloads(name_or_file: str, seed: int = 42, trace: str | Path | None = None) -> list[Workload]:
-    """A preset name, a trace CSV, or a YAML/JSON spec file; always a list (``ablation`` has six)."""
+def load_workloads(
+    name_or_file: str, seed: int = 42, trace: str | Path | None = None, rate_scale: float = 1.0
+) -> list[Workload]:
+    """A preset name, a trace CSV, or a YAML/JSON spec file; always a list (``ablation`` has six).
+    ``rate_scale`` multiplies the request rates of generated workloads (not of traces)."""
+    if rate_scale <= 0:
+        raise WorkloadError("rate scale must be positive")
+    is_trace = name_or_file == "real" or name_or_file.lower().endswith(".csv")
+    if is_trace and rate_scale != 1.0:
+        raise WorkloadError("rate scaling applies to generated workloads, not to traces")
     if name_or_file in PRESETS:
-        made = real(seed, trace) if name_or_file == "real" else PRESETS[name_or_file](seed)
+        made = real(seed, trace) if name_or_file == "real" else PRESETS[name_or_file](seed, rate_scale)
         return made if isinstance(made, list) else [made]
     path = Path(name_or_file)
     if path.suffix.lower() in (".csv", ".yaml", ".yml", ".json"):
@@ -262,7 +276,7 @@ def load_workloads(name_or_file: str, seed: int = 42, trace: str | Path | None =
             raise WorkloadError(f"workload file {name_or_file!r} does not exist")
         if path.suffix.lower() == ".csv":
             return [_trace_workload(path)]
-        return [workload_from_spec(_read_spec(path), seed, default_name=path.stem)]
+        return [workload_from_spec(_read_spec(path), seed, default_name=path.stem, scale=rate_scale)]
     raise WorkloadError(
         f"unknown workload {name_or_file!r} (expected one of: {', '.join(PRESETS)}, or a .yaml/.json/.csv file)"
     )
@@ -285,21 +299,21 @@ def _read_spec(path: Path) -> Any:
         raise WorkloadError(f"workload file {path}: cannot parse: {first_line}") from None
 
 
-def workload_from_spec(spec: Any, seed: int, default_name: str = "custom") -> Workload:
+def workload_from_spec(spec: Any, seed: int, default_name: str = "custom", scale: float = 1.0) -> Workload:
     """Build a workload from a spec::
 
-        name: mixed
-        duration_s: 300
-        kv_tokens: 10000            # optional
-        tenants:
-          - name: alice
-            weight: 1               # optional
-            rate: 2.0               # req/s (or ``phases: [{start_s, end_s, rate, rate_end, arrival, on_off_s}]``)
-            rate_end: 4.0           # optional linear ramp
-            arrival: poisson        # uniform (default) | poisson
-            on_off_s: 60            # optional
-            prompt_len: 256         # a number or [low, high]
-            output_len: [64, 512]
+    name: mixed
+    duration_s: 300
+    kv_tokens: 10000            # optional
+    tenants:
+      - name: alice
+        weight: 1               # optional
+        rate: 2.0               # req/s (or ``phases: [{start_s, end_s, rate, rate_end, arrival, on_off_s}]``)
+        rate_end: 4.0           # optional linear ramp
+        arrival: poisson        # uniform (default) | poisson
+        on_off_s: 60            # optional
+        prompt_len: 256         # a number or [low, high]
+        output_len: [64, 512]
     """
     if not isinstance(spec, Mapping):
         raise WorkloadError("workload spec must be a mapping with 'duration_s' and 'tenants'")
@@ -311,7 +325,7 @@ def workload_from_spec(spec: Any, seed: int, default_name: str = "custom") -> Wo
     specs = [_tenant_spec(i, t, duration) for i, t in enumerate(tenants)]
     if len({s.name for s in specs}) != len(specs):
         raise WorkloadError("workload spec: tenant names must be unique")
-    workload = generate(name, duration, specs, int(spec.get("seed", seed)))
+    workload = generate(name, duration, specs, int(spec.get("seed", seed)), scale)
     if spec.get("kv_tokens") is not None:
         workload.kv_tokens = int(_positive(spec["kv_tokens"], "kv_tokens"))
     return workload
@@ -321,7 +335,17 @@ def _tenant_spec(index: int, raw: Any, duration: float) -> TenantSpec:
     where = f"tenants[{index}]"
     if not isinstance(raw, Mapping) or "name" not in raw:
         raise WorkloadError(f"workload spec: {where} must be a mapping with a 'name'")
-    known = {"name", "weight", "rate", "rate_end", "arrival", "on_off_s", "prompt_len", "output_len", "phases"}
+    known = {
+        "name",
+        "weight",
+        "rate",
+        "rate_end",
+        "arrival",
+        "on_off_s",
+        "prompt_len",
+        "output_len",
+        "phases",
+    }
     unknown = set(raw) - known
     if unknown:
         raise WorkloadError(f"workload spec: {where} has unknown field(s) {sorted(unknown)}")
@@ -330,7 +354,9 @@ def _tenant_spec(index: int, raw: Any, duration: float) -> TenantSpec:
             raise WorkloadError(f"workload spec: {where}.phases must be a non-empty list")
         phases = tuple(_phase(f"{where}.phases[{i}]", p, duration) for i, p in enumerate(raw["phases"]))
     elif "rate" in raw:
-        phases = (_phase(where, {k: raw[k] for k in ("rate", "rate_end", "arrival", "on_off_s") if k in raw}, duration),)
+        phases = (
+            _phase(where, {k: raw[k] for k in ("rate", "rate_end", "arrival", "on_off_s") if k in raw}, duration),
+        )
     else:
         raise WorkloadError(f"workload spec: {where} needs 'rate' or 'phases'")
     return TenantSpec(

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.policies import Policy, parse_policy
+from dispatcher.core.predictors import NoPredictor
 from dispatcher.core.waiting import WaitingSet
-from dispatcher.core.workers import WorkerTable
+from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 REJECT_RATE_LIMITED = "rate_limited"
 REJECT_TOO_LARGE = "too_large"
@@ -63,8 +64,7 @@ class SchedulerConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(NamedTuple):
     """A decision: start ``request`` on worker ``worker_id`` now."""
 
     request: Request
@@ -87,6 +87,7 @@ class FairScheduler:
         self.policy = self.config.policy
         self.cost = self.config.cost
         self.predictor = self.policy.make_predictor(self.config.seed)
+        self._predict = None if isinstance(self.predictor, NoPredictor) else self.predictor.predict
         self.workers = WorkerTable(self.config.max_engine_waiting)
         self.tenants: dict[str, Tenant] = {}
         self._waiting = WaitingSet()
@@ -128,8 +129,9 @@ class FairScheduler:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
         t.submitted += 1
-        need = self._need(prompt_tokens, max_tokens)
-        largest = self.workers.largest_pool()
+        cap = self.config.output_reserve_cap
+        need = prompt_tokens + (max_tokens if cap is None or cap > max_tokens else cap)
+        largest = self.workers._largest
         if largest and need > largest:
             t.rejected += 1
             return REJECT_TOO_LARGE
@@ -172,7 +174,9 @@ class FairScheduler:
                 if picked is None:
                     break
                 tenant, slot = picked
-            out.append(Assignment(self._dispatch(tenant, slot.id, now), slot.id))
+                out.append(Assignment(self._dispatch(tenant, slot, now, at_top=False), slot.id))
+                continue
+            out.append(Assignment(self._dispatch(tenant, slot, now, at_top=True), slot.id))
         return out
 
     def on_report(
@@ -186,7 +190,6 @@ class FairScheduler:
         waiting: int | None = None,
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens) and tokens generated."""
-        slot = self.workers.get(worker_id)
         in_flight = self._in_flight
         touched: set[Tenant] = set()
         if started:
@@ -203,14 +206,21 @@ class FairScheduler:
             if not req.started:
                 self._mark_started(req, req.prompt_tokens, touched)
             t = tenants[req.tenant]
-            old, new = req.output_tokens, req.output_tokens + k
+            old = req.output_tokens
+            new = old + k
             n_p = req.prompt_tokens
-            t.service += total(n_p, new) - total(n_p, old)
+            cost_new = total(n_p, new)
+            cost_old = total(n_p, old)
+            t.service += cost_new - cost_old
             req.output_tokens = new
-            if new > req.charged_output:
-                t.counter += (total(n_p, new) - total(n_p, req.charged_output)) / t.weight
+            charged = req.charged_output
+            if new > charged:
+                if charged != old:
+                    cost_old = total(n_p, charged)
+                t.counter += (cost_new - cost_old) / t.weight
                 req.charged_output = new
                 touched.add(t)
+        slot = self.workers.slots.get(worker_id)
         if slot is not None:
             if free_tokens is not None:
                 slot.free_tokens = free_tokens
@@ -218,10 +228,11 @@ class FairScheduler:
                 slot.running = running
             if waiting is not None:
                 slot.waiting = waiting
-        if self._by_counter:
+        if self._by_counter and touched:
+            push = self._waiting.push
             for t in touched:
                 if t.queue:
-                    self._waiting.push(t.name, t.counter)
+                    push(t.name, t.counter)
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
         """A request ended on its worker: settle its charges and free its reservation."""
@@ -271,9 +282,7 @@ class FairScheduler:
 
     def worker_drain(self, worker_id: str) -> None:
         """Stop assigning to a worker; what it runs finishes there."""
-        slot = self.workers.get(worker_id)
-        if slot is not None:
-            slot.draining = True
+        self.workers.drain(worker_id)
 
     def worker_leave(self, worker_id: str) -> LeaveResult:
         """A worker is gone. Requests it had not started go back to the head of their queues, their
@@ -415,24 +424,32 @@ class FairScheduler:
         window.append(now)
         return True
 
-    def _dispatch(self, t: Tenant, worker_id: str, now: float) -> Request:
+    def _dispatch(self, t: Tenant, slot: WorkerSlot, now: float, at_top: bool) -> Request:
+        """Start ``t``'s oldest request on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
         req = t.queue.popleft()
         self._queued_ids.discard(req.id)
-        t.queued_tokens -= req.prompt_tokens + req.max_tokens
-        predicted = self.predictor.predict(t.name, req.max_tokens, req.true_output)
+        n_p = req.prompt_tokens
+        t.queued_tokens -= n_p + req.max_tokens
+        predicted = self._predict(t.name, req.max_tokens, req.true_output) if self._predict else 0
         total = self.cost.total
-        t.service += total(req.prompt_tokens, 0)
-        t.counter += total(req.prompt_tokens, predicted) / t.weight
+        prefill = total(n_p, 0)
+        t.service += prefill
+        t.counter += (total(n_p, predicted) if predicted else prefill) / t.weight
         req.predicted = req.charged_output = predicted
-        req.worker, req.dispatched_at = worker_id, now
-        slot = self.workers[worker_id]
+        req.worker, req.dispatched_at = slot.id, now
         slot.committed += req.need
         slot.pending_count += 1
         slot.pending_tokens += req.need
         slot.in_flight += 1
         t.in_flight += 1
         self._in_flight[req.id] = req
-        self._after_queue_change(t, True)
+        if not at_top:
+            self._after_queue_change(t, True)
+        elif t.queue:
+            self._waiting.replace_top(t.name, t.counter if self._by_counter else t.queue[0].seq)
+        else:
+            self._waiting.pop_top(t.name)
+            self._last_left = t.name
         return req
 
     def _after_queue_change(self, t: Tenant, head_changed: bool) -> None:
@@ -444,7 +461,7 @@ class FairScheduler:
 
     def _mark_started(self, req: Request, prompt_tokens: int, touched: set[Tenant]) -> None:
         req.started = True
-        slot = self.workers.get(req.worker or "")
+        slot = self.workers.slots.get(req.worker or "")
         if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
             t = self.tenants[req.tenant]
             total = self.cost.total
@@ -487,7 +504,7 @@ class FairScheduler:
         self._after_queue_change(t, True)
         self.dropped.append((req, reason))
 
-    def _relaxed_pick(self) -> tuple[Tenant, Any] | None:
+    def _relaxed_pick(self) -> tuple[Tenant, WorkerSlot] | None:
         """Relaxed head-of-line: the least-served tenant whose oldest request fits somewhere."""
         for name in self._waiting.smallest(self.config.relaxed_scan)[1:]:
             t = self.tenants[name]

@@ -50,6 +50,17 @@ class WaitingSet:
             heapq.heappop(heap)
         return None
 
+    def replace_top(self, tenant: str, key: float) -> None:
+        """Move the tenant just returned by ``peek`` to ``key`` (one heap operation, no stale entry)."""
+        self._tie += 1
+        self._live[tenant] = self._tie
+        heapq.heapreplace(self._heap, (key, self._tie, tenant))
+
+    def pop_top(self, tenant: str) -> None:
+        """Remove the tenant just returned by ``peek``."""
+        del self._live[tenant]
+        heapq.heappop(self._heap)
+
     def smallest(self, limit: int) -> list[str]:
         """Up to ``limit`` tenants in key order (for the relaxed head-of-line rule): O(limit log n)."""
         heap, live = self._heap, self._live

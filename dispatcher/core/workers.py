@@ -56,6 +56,13 @@ class WorkerTable:
         self.max_engine_waiting = max_engine_waiting
         self.placement = placement or most_free_then_fewest_running
         self.slots: dict[str, WorkerSlot] = {}
+        self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
+        self._largest = 0
+
+    def refresh(self) -> None:
+        """Recompute the cached list of workers taking work (after join, drain or leave)."""
+        self._active = [w for w in self.slots.values() if not w.draining]
+        self._largest = max((w.kv_tokens for w in self._active), default=0)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -77,28 +84,37 @@ class WorkerTable:
             slot.kv_tokens, slot.max_running, slot.draining = kv_tokens, max_running, False
             if free_tokens is not None:
                 slot.free_tokens = free_tokens
+        self.refresh()
+
+    def drain(self, worker_id: str) -> None:
+        slot = self.slots.get(worker_id)
+        if slot is not None:
+            slot.draining = True
+            self.refresh()
 
     def leave(self, worker_id: str) -> WorkerSlot | None:
-        return self.slots.pop(worker_id, None)
+        slot = self.slots.pop(worker_id, None)
+        self.refresh()
+        return slot
 
     def largest_pool(self) -> int:
         """The largest KV pool among workers taking work (0 when there are none)."""
-        return max((w.kv_tokens for w in self.slots.values() if not w.draining), default=0)
+        return self._largest
 
     def total_pool(self) -> int:
-        return sum(w.kv_tokens for w in self.slots.values() if not w.draining)
+        return sum(w.kv_tokens for w in self._active)
 
     def place(self, need: int) -> WorkerSlot | None:
         """The worker that should start a request needing ``need`` KV tokens now, or None."""
         limit = self.max_engine_waiting
-        fits = [
-            w
-            for w in self.slots.values()
-            if not w.draining
-            and w.room() >= need
-            and w.pending_count + w.waiting < limit
-            and (w.max_running is None or w.running + w.pending_count < w.max_running)
-        ]
+        fits: list[WorkerSlot] = []
+        for w in self._active:
+            if (
+                w.pending_count + w.waiting < limit
+                and min(w.kv_tokens - w.committed, w.free_tokens - w.pending_tokens) >= need
+                and (w.max_running is None or w.running + w.pending_count < w.max_running)
+            ):
+                fits.append(w)
         if not fits:
             return None
         return fits[0] if len(fits) == 1 else self.placement(fits)
@@ -108,3 +124,4 @@ class WorkerTable:
 
     def restore(self, rows: Iterable[dict[str, Any]]) -> None:
         self.slots = {row["id"]: WorkerSlot(**row) for row in rows}
+        self.refresh()

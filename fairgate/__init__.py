@@ -1,0 +1,1 @@
+"""The fairgate command line."""

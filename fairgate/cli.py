@@ -1,0 +1,177 @@
+"""The ``fairgate`` command: ``simulate`` and ``bench`` (the gateway's ``serve`` and ``loadgen`` come
+with the gateway). Bad input ends with one line naming the problem and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from dispatcher.core import POLICY_NAMES, LinearCost, ProfiledCost, fit_profiled_cost, parse_policy
+from dispatcher.core.costs import CostFunction
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fairgate", description="A fair, multi-tenant gateway for LLM serving (VTC).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sim = sub.add_parser("simulate", help="run workloads in virtual time and compare policies")
+    sim.add_argument("--workload", required=True, help="a preset name or a .yaml/.json/.csv file")
+    sim.add_argument(
+        "--policy", action="append", help=f"repeatable; one of {', '.join(POLICY_NAMES)} (default: vtc, fcfs)"
+    )
+    sim.add_argument("--replicas", type=int, default=1, help="engines behind the one dispatcher")
+    sim.add_argument("--kv-tokens", type=int, help="KV pool per engine (default: the workload's, or 10000)")
+    sim.add_argument("--out", type=Path, default=Path("out/simulate"), help="where report.json and PNGs go")
+    sim.add_argument("--seed", type=int, default=42)
+    sim.add_argument("--rate-scale", type=float, default=1.0, help="multiply a generated workload's rates")
+    sim.add_argument("--trace", type=Path, help="trace CSV for the 'real' workload (default: synthesised)")
+    sim.add_argument("--profile", type=Path, help="cost profile JSON to calibrate the engine's step time")
+    sim.add_argument("--cost", choices=("linear", "profiled"), default="linear", help="VTC's cost function")
+    sim.add_argument("--w-p", type=float, default=1.0, help="linear cost weight of a prompt token")
+    sim.add_argument("--w-q", type=float, default=2.0, help="linear cost weight of an output token")
+    sim.add_argument("--relaxed", action="store_true", help="relax the head-of-line rule")
+    sim.add_argument("--output-reserve", type=int, help="cap on KV tokens reserved for output per request")
+    sim.add_argument("--no-preemption", action="store_true", help="stall instead of preempting on KV shortage")
+    sim.add_argument("--drain", action="store_true", help="run past the duration until every request ends")
+    sim.add_argument("--no-plots", action="store_true")
+    sim.add_argument("--no-progress", action="store_true")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    core = bench_sub.add_parser("core", help="dispatch decisions per second of the pure core")
+    core.add_argument("--tenants", default="10,1000,100000", help="comma-separated tenant counts")
+    core.add_argument("--decisions", type=int, default=200_000, help="decisions timed per tenant count")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "simulate":
+            return _simulate(args)
+        return _bench(args)
+    except UsageError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fairgate: interrupted", file=sys.stderr)
+        return 130
+
+
+def _cost(args: argparse.Namespace) -> CostFunction:
+    if args.cost == "linear":
+        if args.w_p < 0 or args.w_q <= 0:
+            raise UsageError("--w-p must be >= 0 and --w-q > 0")
+        return LinearCost(args.w_p, args.w_q)
+    if args.profile is None:
+        return ProfiledCost()
+    return fit_profiled_cost(_read_profile(args.profile))
+
+
+def _read_profile(path: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read profile {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"profile {path}: expected an object {{input: {{output: [batch, prefill_s, decode_s]}}}}")
+    return data
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from loadgen.plots import plot_workload
+    from loadgen.report import comparison_table, write_report
+    from loadgen.simulator import SimulationConfig, simulate
+    from loadgen.workloads import WorkloadError, load_workloads
+    from workers.engine import StepTimeModel
+
+    policies = args.policy or ["vtc", "fcfs"]
+    for p in policies:
+        try:
+            parse_policy(p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.replicas < 1:
+        raise UsageError("--replicas must be at least 1")
+    if args.kv_tokens is not None and args.kv_tokens < 1:
+        raise UsageError("--kv-tokens must be positive")
+    if args.output_reserve is not None and args.output_reserve < 0:
+        raise UsageError("--output-reserve must be >= 0")
+    try:
+        workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        step_model = StepTimeModel.from_profile(_read_profile(args.profile)) if args.profile else None
+        cost = _cost(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+    started = time.perf_counter()
+    reports = []
+    for workload in workloads:
+        pairs = []
+        for policy in policies:
+            config = SimulationConfig(
+                policy=policy,
+                replicas=args.replicas,
+                kv_tokens=args.kv_tokens,
+                cost=cost,
+                strict_head_of_line=not args.relaxed,
+                output_reserve_cap=args.output_reserve,
+                preemption=not args.no_preemption,
+                seed=args.seed,
+                drain=args.drain,
+            )
+            if step_model is not None:
+                config.step_model = step_model
+            summary = simulate(workload, config, progress=not args.no_progress)
+            reports.append(summary.report)
+            pairs.append((summary.report, summary.series))
+        if not args.no_plots:
+            plot_workload(args.out / f"{workload.name}.png", pairs)
+    elapsed = time.perf_counter() - started
+    path = write_report(
+        args.out,
+        reports,
+        {"command": "simulate", "seed": args.seed, "cost": cost.spec(), "wall_s": round(elapsed, 2)},
+    )
+    print(comparison_table(reports))
+    print(f"\nwrote {path}" + ("" if args.no_plots else f" and plots in {args.out}/") + f" ({elapsed:.1f} s)")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from loadgen.bench import bench_core
+
+    try:
+        counts = [int(x) for x in args.tenants.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--tenants must be comma-separated whole numbers, got {args.tenants!r}") from None
+    if not counts or min(counts) < 1 or args.decisions < 1:
+        raise UsageError("--tenants and --decisions must be positive")
+    results = bench_core(counts, args.decisions)
+    print(f"{'tenants':>10}  {'decisions/s':>12}")
+    for n, rate in results:
+        print(f"{n:>10}  {rate:>12,.0f}")
+    if len(results) > 1:
+        print(f"slowdown {results[-1][0]} vs {results[0][0]} tenants: {results[0][1] / results[-1][1]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
