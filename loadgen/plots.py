@@ -25,6 +25,7 @@ def plot_workload(path: Path, runs: Sequence[tuple[dict[str, Any], dict[str, Any
         ax_rate.set_title(title)
         for name, rates in zip(series["tenants"], series["rates"], strict=True):
             ax_rate.plot(series["rate_times"], rates, label=name, linewidth=1.2)
+        ax_rate.set_ylim(bottom=0)
         ax_gap.plot(series["gap_times"], series["gap"], color="tab:red", linewidth=1.0)
         ax_gap.axhline(report["bound_2u"], color="black", linestyle="--", linewidth=1.0, label="2U")
         for name, arrivals, latency in zip(series["tenants"], series["arrivals"], series["latency"], strict=True):
@@ -33,7 +34,7 @@ def plot_workload(path: Path, runs: Sequence[tuple[dict[str, Any], dict[str, Any
         if col == 0:
             ax_rate.set_ylabel("service rate (cost/s, 60 s window)")
             ax_gap.set_ylabel("service difference, backlogged pair")
-            ax_lat.set_ylabel("response time (s)")
+            ax_lat.set_ylabel("response time of finished requests (s)")
             if len(series["tenants"]) <= MAX_LEGEND:
                 ax_rate.legend(fontsize=7, loc="upper left")
             ax_gap.legend(fontsize=7, loc="upper left")

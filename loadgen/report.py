@@ -12,7 +12,7 @@ COLUMNS = (
     ("policy", "policy", "{}"),
     ("replicas", "rep", "{}"),
     ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
-    ("engine_utilization", "busy", "{:.3f}"),
+    ("work_per_s", "work/s", "{:.0f}"),
     ("max_abs_service_diff", "max diff", "{:.0f}"),
     ("bound_2u", "2U", "{:.0f}"),
     ("bound_held", "held", "{}"),

@@ -94,7 +94,7 @@ class Simulation:
             total=round(self.workload.duration_s),
             unit="sim-s",
             desc=f"{self.workload.name}/{self.config.policy}",
-            disable=not self._progress,
+            disable=None if self._progress else True,
             leave=False,
         )
         shown = 0

@@ -8,6 +8,7 @@ events: ``submit``, ``assign``, ``on_report``, ``on_finish``, ``cancel``, ``work
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -90,10 +91,13 @@ class FairScheduler:
         self._predict = None if isinstance(self.predictor, NoPredictor) else self.predictor.predict
         self.workers = WorkerTable(self.config.max_engine_waiting)
         self.tenants: dict[str, Tenant] = {}
-        self._waiting = WaitingSet()
+        self._by_counter = self.policy.order == "counter"
+        tenants = self.tenants
+        self._waiting = WaitingSet(
+            (lambda name: tenants[name].counter) if self._by_counter else (lambda name: tenants[name].queue[0].seq)
+        )
         self._in_flight: dict[str, Request] = {}
         self._queued_ids: set[str] = set()
-        self._by_counter = self.policy.order == "counter"
         self._last_left: str | None = None
         self._next_seq = 0
         self.dropped: list[tuple[Request, str]] = []
@@ -155,8 +159,8 @@ class FairScheduler:
         out: list[Assignment] = []
         if not self.workers.slots:
             return out
-        waiting, tenants, place = self._waiting, self.tenants, self.workers.place
-        while True:
+        waiting, tenants, place, has_slack = self._waiting, self.tenants, self.workers.place, self.workers.has_slack
+        while has_slack():
             top = waiting.peek()
             if top is None:
                 break
@@ -191,12 +195,12 @@ class FairScheduler:
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens) and tokens generated."""
         in_flight = self._in_flight
-        touched: set[Tenant] = set()
+        lowered: list[Tenant] = []
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
                 if req is not None and not req.started:
-                    self._mark_started(req, prompt_tokens, touched)
+                    self._mark_started(req, prompt_tokens, lowered)
         total = self.cost.total
         tenants = self.tenants
         for rid, k in new_tokens.items():
@@ -204,7 +208,7 @@ class FairScheduler:
             if req is None or k <= 0:
                 continue
             if not req.started:
-                self._mark_started(req, req.prompt_tokens, touched)
+                self._mark_started(req, req.prompt_tokens, lowered)
             t = tenants[req.tenant]
             old = req.output_tokens
             new = old + k
@@ -219,7 +223,6 @@ class FairScheduler:
                     cost_old = total(n_p, charged)
                 t.counter += (cost_new - cost_old) / t.weight
                 req.charged_output = new
-                touched.add(t)
         slot = self.workers.slots.get(worker_id)
         if slot is not None:
             if free_tokens is not None:
@@ -228,11 +231,9 @@ class FairScheduler:
                 slot.running = running
             if waiting is not None:
                 slot.waiting = waiting
-        if self._by_counter and touched:
-            push = self._waiting.push
-            for t in touched:
-                if t.queue:
-                    push(t.name, t.counter)
+        for t in lowered:  # increases are picked up lazily by the waiting set; decreases must be pushed
+            if t.queue:
+                self._waiting.push(t.name, self._key(t))
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
         """A request ended on its worker: settle its charges and free its reservation."""
@@ -380,10 +381,7 @@ class FairScheduler:
             sched.tenants[t.name] = t
             sched._queued_ids.update(r.id for r in t.queue)
         sched._in_flight = {r["id"]: Request(**r) for r in data["in_flight"]}
-        sched._waiting.load(
-            [(name, sched._key(sched.tenants[name]), int(tie)) for name, tie in data["waiting"]],
-            int(data["next_tie"]),
-        )
+        sched._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
         sched._next_seq = int(data["next_seq"])
         sched._last_left = data["last_left"]
         sched.workers.restore(data["workers"])
@@ -416,6 +414,8 @@ class FairScheduler:
 
     def _admit_rate(self, t: Tenant, now: float) -> bool:
         window = t.admitted_at
+        if window is None:
+            window = t.admitted_at = deque()
         horizon = now - self.policy.rpm_window_s
         while window and window[0] <= horizon:
             window.popleft()
@@ -456,10 +456,10 @@ class FairScheduler:
         if not t.queue:
             self._waiting.remove(t.name)
             self._last_left = t.name
-        elif self._by_counter or head_changed:
+        elif head_changed and not self._by_counter:
             self._waiting.push(t.name, self._key(t))
 
-    def _mark_started(self, req: Request, prompt_tokens: int, touched: set[Tenant]) -> None:
+    def _mark_started(self, req: Request, prompt_tokens: int, lowered: list[Tenant]) -> None:
         req.started = True
         slot = self.workers.slots.get(req.worker or "")
         if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
@@ -475,7 +475,8 @@ class FairScheduler:
             if slot is not None:
                 slot.committed += delta
                 slot.pending_tokens += delta
-            touched.add(t)
+            if delta < 0:
+                lowered.append(t)
         if slot is not None:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need
@@ -495,6 +496,8 @@ class FairScheduler:
         total = self.cost.total
         t.service -= total(req.prompt_tokens, 0)
         t.counter -= total(req.prompt_tokens, req.charged_output) / t.weight
+        if self._by_counter and t.queue:
+            self._waiting.push(t.name, t.counter)
 
     def _drop_head(self, t: Tenant, reason: str) -> None:
         req = t.queue.popleft()

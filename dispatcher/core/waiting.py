@@ -1,24 +1,31 @@
 """The set of waiting tenants, ordered by a key: O(log n) to pick the least-served one.
 
-A binary heap with lazy invalidation (``heapq`` is C code, several times faster than a Python
-indexed heap): changing a tenant's key pushes a fresh entry and marks the old one stale; stale
-entries are dropped when they reach the top, and the heap is rebuilt when they outnumber live ones.
-Equal keys are served in the order their entries were pushed.
+A binary heap (``heapq``, C code) with two kinds of laziness:
+
+- a tenant's entry may hold a key *lower* than its current one. Counters of waiting tenants only grow
+  between dispatches (each decoded token adds to them), so ``peek`` re-keys an entry when it reaches
+  the top instead of the scheduler pushing on every charge. Anything that lowers a key must ``push``.
+- removing a tenant only forgets its live entry; dead entries are dropped when they reach the top,
+  and the heap is rebuilt when they outnumber live ones.
+
+Entries are (key, tie, tenant); ties keep the order in which tenants joined, so equal keys are served
+in a deterministic order that a snapshot can reproduce.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class WaitingSet:
-    __slots__ = ("_heap", "_live", "_tie")
+    __slots__ = ("_heap", "_key_of", "_live", "_tie")
 
-    def __init__(self) -> None:
+    def __init__(self, key_of: Callable[[str], float]) -> None:
         self._heap: list[tuple[float, int, str]] = []
         self._live: dict[str, int] = {}  # tenant -> tie of its live entry
         self._tie = 0
+        self._key_of = key_of
 
     def __len__(self) -> int:
         return len(self._live)
@@ -30,7 +37,7 @@ class WaitingSet:
         return iter(self._live)
 
     def push(self, tenant: str, key: float) -> None:
-        """Insert ``tenant`` or move it to ``key``."""
+        """Insert ``tenant``, or record that its key went down."""
         self._tie += 1
         self._live[tenant] = self._tie
         heapq.heappush(self._heap, (key, self._tie, tenant))
@@ -41,20 +48,22 @@ class WaitingSet:
         self._live.pop(tenant, None)
 
     def peek(self) -> tuple[float, str] | None:
-        """The (key, tenant) with the smallest key, or None when empty."""
-        heap, live = self._heap, self._live
+        """The (key, tenant) with the smallest current key, or None when empty."""
+        heap, live, key_of = self._heap, self._live, self._key_of
         while heap:
             key, tie, tenant = heap[0]
-            if live.get(tenant) == tie:
+            if live.get(tenant) != tie:
+                heapq.heappop(heap)
+                continue
+            current = key_of(tenant)
+            if current == key:
                 return key, tenant
-            heapq.heappop(heap)
+            heapq.heapreplace(heap, (current, tie, tenant))
         return None
 
     def replace_top(self, tenant: str, key: float) -> None:
-        """Move the tenant just returned by ``peek`` to ``key`` (one heap operation, no stale entry)."""
-        self._tie += 1
-        self._live[tenant] = self._tie
-        heapq.heapreplace(self._heap, (key, self._tie, tenant))
+        """Move the tenant just returned by ``peek`` to ``key`` (one heap operation, no dead entry)."""
+        heapq.heapreplace(self._heap, (key, self._live[tenant], tenant))
 
     def pop_top(self, tenant: str) -> None:
         """Remove the tenant just returned by ``peek``."""
@@ -63,24 +72,22 @@ class WaitingSet:
 
     def smallest(self, limit: int) -> list[str]:
         """Up to ``limit`` tenants in key order (for the relaxed head-of-line rule): O(limit log n)."""
-        heap, live = self._heap, self._live
         taken: list[tuple[float, int, str]] = []
-        while heap and len(taken) < limit:
-            entry = heapq.heappop(heap)
-            if live.get(entry[2]) == entry[1]:
-                taken.append(entry)
+        while len(taken) < limit and self.peek() is not None:
+            taken.append(heapq.heappop(self._heap))
         for entry in taken:
-            heapq.heappush(heap, entry)
+            heapq.heappush(self._heap, entry)
         return [tenant for _, _, tenant in taken]
 
     def entries(self) -> list[tuple[str, int]]:
         """(tenant, tie) of live entries, for snapshots."""
         return list(self._live.items())
 
-    def load(self, entries: Iterable[tuple[str, float, int]], next_tie: int) -> None:
-        """Rebuild from (tenant, key, tie) triples, keeping their order exactly."""
-        self._live = {tenant: tie for tenant, _, tie in entries}
-        self._heap = [(key, tie, tenant) for tenant, key, tie in entries]
+    def load(self, entries: Iterable[tuple[str, int]], next_tie: int) -> None:
+        """Rebuild from (tenant, tie) pairs with current keys, keeping their order exactly."""
+        pairs = list(entries)
+        self._live = dict(pairs)
+        self._heap = [(self._key_of(tenant), tie, tenant) for tenant, tie in pairs]
         heapq.heapify(self._heap)
         self._tie = next_tie
 

@@ -104,6 +104,16 @@ class WorkerTable:
     def total_pool(self) -> int:
         return sum(w.kv_tokens for w in self._active)
 
+    def has_slack(self) -> bool:
+        """Whether some worker could take one more request by count (KV room is checked in place)."""
+        limit = self.max_engine_waiting
+        for w in self._active:
+            if w.pending_count + w.waiting < limit and (
+                w.max_running is None or w.running + w.pending_count < w.max_running
+            ):
+                return True
+        return False
+
     def place(self, need: int) -> WorkerSlot | None:
         """The worker that should start a request needing ``need`` KV tokens now, or None."""
         limit = self.max_engine_waiting
