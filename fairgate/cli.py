@@ -165,7 +165,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 1 or args.decisions < 1:
         raise UsageError("--tenants and --decisions must be positive")
     results = bench_core(counts, args.decisions)
-    print("dispatch decisions/s (submit + assign + decode charges + finish), best of 3")
+    print("dispatch decisions/s (submit + assign + decode charges + finish), best of 5")
     print(f"{'tenants':>10}  {'1,000 queued':>13}  {'all waiting':>12}")
     for n, queued, everyone in results:
         print(f"{n:>10}  {queued:>13,.0f}  {everyone:>12,.0f}")

@@ -42,7 +42,7 @@ def decisions_per_second(tenants: int, decisions: int, backlog: int, seed: int =
     return decisions / (time.perf_counter() - start)
 
 
-def bench_core(tenant_counts: list[int], decisions: int, rounds: int = 3) -> list[tuple[int, float, float]]:
+def bench_core(tenant_counts: list[int], decisions: int, rounds: int = 5) -> list[tuple[int, float, float]]:
     """(tenants, decisions/s with 1,000 queued, decisions/s with every tenant waiting), best of
     ``rounds``; the cases take turns within each round, so a slow moment of a noisy machine does not
     fall on one case only."""
