@@ -1,0 +1,236 @@
+"""The dispatcher's asyncio shell around the pure core: the Dispatcher gRPC service and ``submit``.
+
+Everything runs on one event loop, so the core needs no locks. Assignment runs after every event that
+can change capacity or demand (a submit, a worker's report or finish, a worker joining or leaving),
+never on a polling timer. Every queued request is one pending ``submit`` call, resolved with the
+worker's address and a signed ticket when the core assigns it. The Ray actor is a thin wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from dispatcher.core import FairScheduler, SchedulerConfig
+from dispatcher.tickets import TicketFields, sign
+from fairgate.rpc import fairgate_pb2 as pb
+from fairgate.rpc import fairgate_pb2_grpc as rpc
+
+log = logging.getLogger(__name__)
+
+
+class Rejected(Exception):
+    """The core refused a request (``reason``: rate_limited, too_large, ...)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where an assigned request runs, and the ticket the worker will check."""
+
+    request_id: str
+    worker_id: str
+    address: str
+    ticket: TicketFields
+    signature: bytes
+
+    def ticket_message(self) -> pb.Ticket:
+        t = self.ticket
+        return pb.Ticket(
+            request_id=t.request_id,
+            tenant=t.tenant,
+            worker_id=t.worker_id,
+            expires_at=t.expires_at,
+            signature=self.signature,
+        )
+
+
+@dataclass
+class _WorkerLink:
+    address: str
+    outbox: asyncio.Queue[pb.DispatcherMessage | None]
+
+
+class DispatcherService:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        secret: bytes,
+        *,
+        ticket_ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = FairScheduler(config)
+        self.id = uuid.uuid4().hex[:8]
+        self._secret = secret
+        self._ttl = ticket_ttl_s
+        self._clock = clock
+        self._pending: dict[str, asyncio.Future[Placement]] = {}
+        self._links: dict[str, _WorkerLink] = {}
+        self._server: grpc.aio.Server | None = None
+        self.address = ""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._server = grpc.aio.server()
+        rpc.add_DispatcherServicer_to_server(_DispatcherServicer(self), self._server)
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        await self._server.start()
+        self.address = f"{host}:{bound}"
+        return self.address
+
+    async def stop(self) -> None:
+        for link in self._links.values():
+            link.outbox.put_nowait(None)
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+
+    # ------------------------------------------------------------------ ingress API
+
+    async def submit(self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int) -> Placement:
+        """Queue a request; return once the core assigns it. Cancelling the call withdraws it."""
+        reason = self.scheduler.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
+        if reason is not None:
+            raise Rejected(reason)
+        future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._assign()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(request_id, None) is not None:
+                self.scheduler.cancel(request_id)
+            raise
+
+    def abort(self, request_id: str) -> None:
+        """The client of an assigned request is gone: stop it on its worker."""
+        req = self.scheduler.in_flight().get(request_id)
+        if req is not None and req.worker in self._links:
+            self._links[req.worker].outbox.put_nowait(pb.DispatcherMessage(abort=pb.Abort(request_id=request_id)))
+
+    def drain(self, worker_id: str) -> None:
+        """Stop assigning to a worker and ask it to finish what it runs, then leave."""
+        self.scheduler.worker_drain(worker_id)
+        link = self._links.get(worker_id)
+        if link is not None:
+            link.outbox.put_nowait(pb.DispatcherMessage(drain=pb.Drain()))
+
+    def stats(self) -> dict[str, Any]:
+        data = self.scheduler.stats()
+        data["pending_submits"] = len(self._pending)
+        data["dispatcher_id"] = self.id
+        return data
+
+    # ------------------------------------------------------------------ internals
+
+    def _assign(self) -> None:
+        now = self._clock()
+        loop = asyncio.get_running_loop()
+        for a in self.scheduler.assign(now):
+            req = a.request
+            future = self._pending.pop(req.id, None)
+            if future is None or future.done():  # its caller left in the meantime
+                self.scheduler.on_finish(req.id, 0, "abort", now)
+                continue
+            fields = TicketFields(req.id, req.tenant, a.worker_id, now + self._ttl)
+            link = self._links.get(a.worker_id)
+            future.set_result(
+                Placement(req.id, a.worker_id, link.address if link else "", fields, sign(self._secret, fields))
+            )
+            loop.call_later(self._ttl, self._expire_unstarted, req.id)
+        for req, reason in self.scheduler.take_dropped():
+            future = self._pending.pop(req.id, None)
+            if future is not None and not future.done():
+                future.set_exception(Rejected(reason))
+
+    def _expire_unstarted(self, request_id: str) -> None:
+        """An assignment whose ticket expired before its worker started it frees its reservation."""
+        req = self.scheduler.in_flight().get(request_id)
+        if req is not None and not req.started:
+            self.abort(request_id)
+            self.scheduler.on_finish(request_id, 0, "abort", self._clock())
+            self._assign()
+
+    def _apply(self, worker_id: str, msg: pb.WorkerMessage) -> str | None:
+        """One message from a worker; returns the worker id after a hello."""
+        kind = msg.WhichOneof("kind")
+        s = self.scheduler
+        if kind == "hello":
+            h = msg.hello
+            s.worker_join(h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens))
+            return h.worker_id
+        if kind == "report":
+            r = msg.report
+            s.on_report(
+                worker_id,
+                {t.request_id: t.tokens for t in r.new_tokens},
+                started={st.request_id: st.prompt_tokens for st in r.started},
+                free_tokens=int(r.free_tokens),
+                running=r.running,
+                waiting=r.waiting,
+            )
+            now = self._clock()
+            for f in r.finished:
+                s.on_finish(f.request_id, f.output_tokens, f.reason, now)
+        elif kind == "goodbye":
+            s.worker_drain(worker_id)
+        return worker_id
+
+    async def _serve_worker(self, messages: AsyncIterator[pb.WorkerMessage]) -> AsyncIterator[pb.DispatcherMessage]:
+        outbox: asyncio.Queue[pb.DispatcherMessage | None] = asyncio.Queue()
+        worker: list[str] = []
+
+        async def read() -> None:
+            try:
+                async for msg in messages:
+                    if not worker:
+                        if msg.WhichOneof("kind") != "hello":
+                            log.warning("dispatcher: a worker stream began without hello; closing it")
+                            return
+                        wid = self._apply("", msg) or ""
+                        worker.append(wid)
+                        self._links[wid] = _WorkerLink(msg.hello.address, outbox)
+                        outbox.put_nowait(pb.DispatcherMessage(welcome=pb.Welcome(dispatcher_id=self.id)))
+                    else:
+                        self._apply(worker[0], msg)
+                    self._assign()
+            finally:
+                outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (out := await outbox.get()) is not None:
+                yield out
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            if worker:
+                wid = worker[0]
+                if self._links.get(wid) is not None and self._links[wid].outbox is outbox:
+                    del self._links[wid]
+                    left = self.scheduler.worker_leave(wid)
+                    if left.lost:
+                        log.warning("dispatcher: worker %s left with %d running requests", wid, len(left.lost))
+                    self._assign()
+
+
+class _DispatcherServicer(rpc.DispatcherServicer):
+    def __init__(self, service: DispatcherService) -> None:
+        self.service = service
+
+    async def Connect(self, request_iterator, context):
+        async for message in self.service._serve_worker(request_iterator):
+            yield message

@@ -1,0 +1,171 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("hello", "report", "goodbye")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    report: StepReport
+    goodbye: Goodbye
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[StepReport, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    kv_tokens: int
+    max_running: int
+    free_tokens: int
+    running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ...) -> None: ...
+
+class RunningRequest(_message.Message):
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    prompt_tokens: int
+    output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+
+class StepReport(_message.Message):
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    started: _containers.RepeatedCompositeFieldContainer[Started]
+    new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
+    finished: _containers.RepeatedCompositeFieldContainer[Finished]
+    free_tokens: int
+    running: int
+    waiting: int
+    step_seconds: float
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("request_id", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenCount(_message.Message):
+    __slots__ = ("request_id", "tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("request_id", "output_tokens", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    output_tokens: int
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., output_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class DispatcherMessage(_message.Message):
+    __slots__ = ("welcome", "drain", "abort")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    drain: Drain
+    abort: Abort
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("dispatcher_id",)
+    DISPATCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    dispatcher_id: str
+    def __init__(self, dispatcher_id: _Optional[str] = ...) -> None: ...
+
+class Drain(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Abort(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class Ticket(_message.Message):
+    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    worker_id: str
+    expires_at: float
+    signature: bytes
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("ticket", "prompt", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "has_seed", "stop", "ignore_eos")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    ticket: Ticket
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    has_seed: bool
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    ignore_eos: bool
+    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+
+class GenerateChunk(_message.Message):
+    __slots__ = ("text", "completion_tokens", "prompt_tokens", "finish_reason")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: str
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,176 @@
+"""The dispatcher service and simulated workers over real gRPC on loopback (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from dispatcher.core import LinearCost, SchedulerConfig, parse_policy
+from dispatcher.service import DispatcherService, Placement, Rejected
+from dispatcher.tickets import TicketFields, sign
+from fairgate.rpc import fairgate_pb2 as pb
+from fairgate.rpc import fairgate_pb2_grpc as rpc
+from workers.engine import SimulatedEngine, StepTimeModel
+from workers.engine.tokenizer import count_tokens
+from workers.simulated_worker import SimulatedWorker
+
+SECRET = b"test-secret-not-for-production"
+FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
+
+
+async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc"):
+    service = DispatcherService(SchedulerConfig(policy=parse_policy(policy)), SECRET)
+    address = await service.start()
+    workers = [SimulatedWorker(f"w{i}", address, SECRET, SimulatedEngine(kv_tokens, FAST)) for i in range(n_workers)]
+    for w in workers:
+        await w.start()
+    for _ in range(200):
+        if len(service.scheduler.workers) == n_workers:
+            break
+        await asyncio.sleep(0.01)
+    assert len(service.scheduler.workers) == n_workers
+    return service, workers
+
+
+async def shutdown(service, workers):
+    for w in workers:
+        await w.stop()
+    await service.stop()
+
+
+async def generate(placement: Placement, prompt: str, max_tokens: int, ignore_eos: bool = True):
+    async with grpc.aio.insecure_channel(placement.address) as channel:
+        request = pb.GenerateRequest(
+            ticket=placement.ticket_message(), prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos
+        )
+        return [c async for c in rpc.WorkerStub(channel).Generate(request)]
+
+
+def test_submit_assign_generate_and_account_exactly():
+    async def scenario():
+        service, workers = await cluster()
+        prompt = "Tell me, in exactly eleven tokens: why is the sky blue ?"
+        n_prompt = count_tokens(prompt)
+        placement = await service.submit("r1", "alice", n_prompt, 12)
+        assert placement.worker_id == "w0" and placement.address == workers[0].address
+        chunks = await generate(placement, prompt, 12)
+        assert chunks[-1].finish_reason == "length"
+        assert chunks[-1].completion_tokens == 12 and chunks[-1].prompt_tokens == n_prompt
+        assert count_tokens("".join(c.text for c in chunks)) == 12
+        for _ in range(100):  # the finish report may trail the last chunk by a step
+            if not service.scheduler.in_flight():
+                break
+            await asyncio.sleep(0.01)
+        stats = service.stats()
+        assert stats["tenants"]["alice"]["service"] == LinearCost().total(n_prompt, 12)
+        assert stats["in_flight"] == 0 and stats["workers"][0]["committed"] == 0
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("tamper", ["signature", "worker", "expired"])
+def test_worker_refuses_generate_without_a_valid_ticket(tamper):
+    async def scenario():
+        service, workers = await cluster()
+        w = workers[0]
+        fields = TicketFields("forged", "mallory", "w0", time.time() + 30)
+        signature = sign(SECRET, fields)
+        if tamper == "signature":
+            signature = sign(b"some other secret", fields)
+        elif tamper == "worker":
+            fields = TicketFields("forged", "mallory", "w9", fields.expires_at)
+            signature = sign(SECRET, fields)
+        else:
+            fields = TicketFields("forged", "mallory", "w0", time.time() - 1)
+            signature = sign(SECRET, fields)
+        forged = Placement("forged", "w0", w.address, fields, signature)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate(forged, "hello", 5)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert not w.engine.has_work()
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_queued_submit_waits_for_capacity_and_cancel_withdraws_it():
+    async def scenario():
+        service, workers = await cluster(kv_tokens=100)
+        first = await service.submit("a", "A", 50, 40)  # holds 90 of 100
+        waiting = asyncio.create_task(service.submit("b", "B", 50, 40))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and service.scheduler.is_backlogged("B")
+        waiting.cancel()
+        await asyncio.sleep(0.01)
+        assert not service.scheduler.is_backlogged("B") and service.scheduler.queue_depth() == 0
+        third = asyncio.create_task(service.submit("c", "C", 50, 40))
+        await generate(first, "x " * 50, 40)  # "a" finishes: "c" gets its place
+        placement = await asyncio.wait_for(third, 5)
+        assert placement.request_id == "c"
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_too_large_request_is_rejected():
+    async def scenario():
+        service, workers = await cluster(kv_tokens=100)
+        with pytest.raises(Rejected, match="too_large"):
+            await service.submit("big", "A", 90, 20)
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_vtc_over_grpc_keeps_two_flooding_tenants_within_2u():
+    """Two tenants flood one worker (the heavy one twice as many requests); VTC serves them equally."""
+
+    async def scenario():
+        kv = 2000
+        service, workers = await cluster(kv_tokens=kv)
+        served = {"A": 0, "B": 0}
+
+        async def one(i: int, tenant: str):
+            p = await service.submit(f"{tenant}{i}", tenant, 50, 50)
+            chunks = await generate(p, "word " * 50, 50)
+            served[tenant] += chunks[-1].completion_tokens
+
+        tasks = [asyncio.create_task(one(i, "A")) for i in range(60)]
+        tasks += [asyncio.create_task(one(i, "B")) for i in range(120)]
+        await asyncio.sleep(1.0)  # both stay backlogged throughout this window
+        tenants = service.stats()["tenants"]
+        assert service.scheduler.is_backlogged("A") and service.scheduler.is_backlogged("B")
+        gap = abs(tenants["A"]["service"] - tenants["B"]["service"])
+        assert gap <= 2 * max(50, 2 * kv)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
+    async def scenario():
+        service, workers = await cluster(n_workers=2, kv_tokens=1000)
+        running = await service.submit("r0", "A", 10, 30)
+        drained = workers[int(running.worker_id[1])]
+        job = asyncio.create_task(generate(running, "hi " * 10, 30))
+        await asyncio.sleep(0.01)
+        service.drain(running.worker_id)
+        placements = [await service.submit(f"n{i}", "A", 10, 5) for i in range(5)]
+        assert all(p.worker_id != running.worker_id for p in placements)
+        chunks = await asyncio.wait_for(job, 5)
+        assert chunks[-1].completion_tokens == 30 and chunks[-1].finish_reason == "length"
+        for _ in range(200):
+            if drained.worker_id not in service.scheduler.workers.slots:
+                break
+            await asyncio.sleep(0.01)
+        assert drained.worker_id not in service.scheduler.workers.slots
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
