@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--no-progress", action="store_true")
 
+    srv = sub.add_parser("serve", help="start the gateway on this machine (local Ray, simulated workers)")
+    srv.add_argument("--config", help="gateway YAML (default: the embedded configuration)")
+    srv.add_argument("--workers", type=int, help="number of simulated worker replicas")
+    srv.add_argument("--policy", help=f"scheduling policy, one of {', '.join(POLICY_NAMES)}")
+    srv.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="target", required=True, parser_class=_Parser)
     core = bench_sub.add_parser("core", help="dispatch decisions per second of the pure core")
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "serve":
+            return _serve(args)
         return _bench(args)
     except UsageError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
@@ -153,6 +161,21 @@ def _simulate(args: argparse.Namespace) -> int:
     print(comparison_table(reports))
     print(f"\nwrote {path}" + ("" if args.no_plots else f" and plots in {args.out}/") + f" ({elapsed:.1f} s)")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dispatcher.loopback import ray_environment
+
+    ray_environment()  # before anything imports Ray: it reads these at import time
+    from dispatcher.config import ConfigError
+    from fairgate.serve_cmd import serve_main
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError("--port must be between 1 and 65535")
+    try:
+        return serve_main(args.config, args.workers, args.policy, args.port)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _bench(args: argparse.Namespace) -> int:

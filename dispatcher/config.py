@@ -1,0 +1,168 @@
+"""The gateway's configuration: one YAML file (the embedded default is ``fairgate/default_config.yaml``).
+
+Tenant identity and weight come only from here: the ingress maps an API key's hash to a tenant; no
+header or body field a client sends can change who it is or how much it weighs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dispatcher.core import SchedulerConfig, cost_from_spec, parse_policy
+from workers.engine import StepTimeModel
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    name: str
+    key_hash: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    count: int = 2
+    engine: str = "simulated"
+    kv_tokens: int = 10_000
+    block_size: int = 16
+    max_running: int | None = None
+    step_model: dict[str, float] = field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
+
+    def make_step_model(self) -> StepTimeModel:
+        return StepTimeModel(**self.step_model)
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    replicas: int = 1
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256
+    max_model_len: int = 4096
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model: str
+    scheduler: dict[str, Any]  # SchedulerConfig.to_dict(), plain data so it travels through Ray
+    workers: WorkerSettings
+    ingress: IngressSettings
+    tenants: tuple[TenantConfig, ...]
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig.from_dict(self.scheduler)
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def load_config(path: str | Path | None = None) -> tuple[GatewayConfig, dict[str, str]]:
+    """Read a config (the embedded default when ``path`` is None). Returns the config and the API keys
+    generated for tenants that had none (tenant -> key), to show once and never store."""
+    if path is None:
+        text = resources.files("fairgate").joinpath("default_config.yaml").read_text()
+        where = "default config"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        where = str(path)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+    return parse_config(raw, where)
+
+
+def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, str]]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    try:
+        policy = parse_policy(str(raw.get("policy", "vtc")))
+        cost = cost_from_spec(raw.get("cost"))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    reserve = raw.get("output_reserve_cap")
+    scheduler = SchedulerConfig(
+        policy=policy,
+        cost=cost,
+        strict_head_of_line=bool(raw.get("strict_head_of_line", True)),
+        output_reserve_cap=None if reserve is None else _int(reserve, f"{where}: output_reserve_cap", 0),
+    ).to_dict()
+    generated: dict[str, str] = {}
+    tenants = []
+    for i, t in enumerate(raw.get("tenants") or []):
+        if not isinstance(t, dict) or not t.get("name"):
+            raise ConfigError(f"{where}: tenants[{i}] needs a name")
+        key = t.get("api_key")
+        if key is None:
+            key = generated[str(t["name"])] = "fg-" + secrets.token_urlsafe(24)
+        elif not isinstance(key, str) or len(key) < 16:
+            raise ConfigError(f"{where}: tenants[{i}].api_key must be a string of at least 16 characters")
+        weight = t.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ConfigError(f"{where}: tenants[{i}].weight must be a positive number")
+        tenants.append(TenantConfig(str(t["name"]), hash_key(key), float(weight)))
+    if not tenants:
+        raise ConfigError(f"{where}: at least one tenant is needed")
+    if len({t.name for t in tenants}) != len(tenants) or len({t.key_hash for t in tenants}) != len(tenants):
+        raise ConfigError(f"{where}: tenant names and API keys must be unique")
+    return GatewayConfig(
+        model=str(raw.get("model", "fairgate-sim")),
+        scheduler=scheduler,
+        workers=_workers(raw.get("workers") or {}, where),
+        ingress=_ingress(raw.get("ingress") or {}, where),
+        tenants=tuple(tenants),
+    ), generated
+
+
+def _workers(raw: dict[str, Any], where: str) -> WorkerSettings:
+    step = raw.get("step_model", "a10g-llama7b")
+    if step == "a10g-llama7b":
+        step_model = StepTimeModel.a10g_llama7b().to_dict()
+    elif isinstance(step, dict):
+        try:
+            step_model = StepTimeModel(**{k: float(v) for k, v in step.items()}).to_dict()
+        except TypeError as exc:
+            raise ConfigError(f"{where}: workers.step_model: {exc}") from None
+    else:
+        raise ConfigError(f"{where}: workers.step_model must be 'a10g-llama7b' or a mapping of coefficients")
+    engine = str(raw.get("engine", "simulated"))
+    if engine != "simulated":
+        raise ConfigError(f"{where}: workers.engine {engine!r} is not available (only 'simulated' so far)")
+    max_running = raw.get("max_running")
+    return WorkerSettings(
+        count=_int(raw.get("count", 2), f"{where}: workers.count", 0),
+        engine=engine,
+        kv_tokens=_int(raw.get("kv_tokens", 10_000), f"{where}: workers.kv_tokens", 1),
+        block_size=_int(raw.get("block_size", 16), f"{where}: workers.block_size", 1),
+        max_running=None if max_running is None else _int(max_running, f"{where}: workers.max_running", 1),
+        step_model=step_model,
+    )
+
+
+def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
+    return IngressSettings(
+        replicas=_int(raw.get("replicas", 1), f"{where}: ingress.replicas", 1),
+        max_body_bytes=_int(raw.get("max_body_bytes", 1 << 20), f"{where}: ingress.max_body_bytes", 1),
+        default_max_tokens=_int(raw.get("default_max_tokens", 256), f"{where}: ingress.default_max_tokens", 1),
+        max_model_len=_int(raw.get("max_model_len", 4096), f"{where}: ingress.max_model_len", 2),
+    )
+
+
+def _int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be a whole number >= {minimum}, got {value!r}")
+    return value

@@ -1,0 +1,233 @@
+"""The OpenAI-compatible ingress: a Ray Serve FastAPI deployment, stateless, any number of replicas.
+
+Per request: identify the tenant from its API key (and nothing else), count prompt tokens with the
+engine's tokenizer, submit the metadata to the dispatcher, then stream from the assigned worker
+straight to the client. A client that disconnects while queued withdraws its request; one that
+disconnects while streaming aborts it at the worker.
+"""
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from dispatcher.actor import get_or_create_dispatcher
+from dispatcher.config import hash_key
+from dispatcher.generation import Outcome, WorkerChannels, WorkerLost, stream_text
+from dispatcher.openai_api import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    chat_chunk,
+    completion_chunk,
+    now_s,
+    parse_body,
+    usage,
+)
+from dispatcher.scheduler_errors import rejection_error
+from fairgate.rpc import fairgate_pb2 as pb
+from workers.engine.tokenizer import count_tokens
+
+app = FastAPI(title="fairgate", version="0.1.0")
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return exc.response()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:
+        self._model = gateway["model"]
+        self._limits = gateway["ingress"]
+        self._tenant_of_key_hash = {t["key_hash"]: t["name"] for t in gateway["tenants"]}
+        self._dispatcher = get_or_create_dispatcher(
+            app_name, gateway["scheduler"], [(t["name"], t["weight"]) for t in gateway["tenants"]], secret
+        )
+        self._channels = WorkerChannels()
+        self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
+
+    # ------------------------------------------------------------------ routes
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> dict[str, Any]:
+        self._tenant(request)
+        return {
+            "object": "list",
+            "data": [{"id": self._model, "object": "model", "created": 0, "owned_by": "fairgate"}],
+        }
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._serve(request, chat=True)
+
+    # ------------------------------------------------------------------ one request
+
+    async def _serve(self, request: Request, chat: bool):
+        tenant = self._tenant(request)
+        body = await self._json_body(request)
+        req = parse_body(ChatRequest if chat else CompletionRequest, body)
+        if req.model != self._model:
+            raise ApiError(404, f"the model '{req.model}' does not exist", param="model", code="model_not_found")
+        prompt = req.rendered_prompt() if chat else req.prompt_text()
+        prompt_tokens = count_tokens(prompt)
+        max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens
+        max_tokens = max_tokens or self._limits["default_max_tokens"]
+        limit = self._limits["max_model_len"]
+        if prompt_tokens + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"this model's maximum context length is {limit} tokens; the request has {prompt_tokens} prompt "
+                f"tokens and asks for {max_tokens} more",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        placement = await self._submit(rid, tenant, prompt_tokens, max_tokens)
+        t = placement["ticket"]
+        grpc_request = pb.GenerateRequest(
+            ticket=pb.Ticket(
+                request_id=t["request_id"],
+                tenant=t["tenant"],
+                worker_id=t["worker_id"],
+                expires_at=t["expires_at"],
+                signature=placement["signature"],
+            ),
+            prompt=prompt,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed or 0,
+            has_seed=req.seed is not None,
+            stop=req.stop_strings(),
+            ignore_eos=req.ignore_eos,
+        )
+        outcome = Outcome()
+        text = stream_text(self._channels, placement["address"], grpc_request, req.stop_strings(), outcome)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            events = self._sse(rid, chat, text, outcome, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        try:
+            content = "".join([piece async for piece in text])
+        except WorkerLost as exc:
+            raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
+        return self._whole_response(rid, chat, content, outcome)
+
+    async def _submit(self, rid: str, tenant: str, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+        ref = self._dispatcher.submit.remote(rid, tenant, prompt_tokens, max_tokens)
+        try:
+            placement = await ref
+        except asyncio.CancelledError:  # the client left while queued: withdraw the request
+            ray.cancel(ref)
+            raise
+        if "rejected" in placement:
+            raise rejection_error(placement["rejected"])
+        return placement
+
+    async def _sse(
+        self, rid: str, chat: bool, text: AsyncIterator[str], outcome: Outcome, include_usage: bool
+    ) -> AsyncIterator[str]:
+        created = now_s()
+        model = self._model
+
+        def event(data: dict[str, Any]) -> str:
+            return f"data: {json.dumps(data)}\n\n"
+
+        try:
+            if chat:
+                yield event(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None))
+            async for piece in text:
+                if chat:
+                    yield event(chat_chunk(rid, model, created, {"content": piece}, None))
+                else:
+                    yield event(completion_chunk(rid, model, created, piece, None))
+            final = (
+                chat_chunk(rid, model, created, {}, outcome.finish_reason)
+                if chat
+                else completion_chunk(rid, model, created, "", outcome.finish_reason)
+            )
+            yield event(final)
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield event(
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage(outcome.prompt_tokens, outcome.completion_tokens),
+                    }
+                )
+        except WorkerLost as exc:
+            yield event(ApiError(502, str(exc), type_="server_error", code="worker_failed").body())
+        finally:
+            await text.aclose()  # type: ignore[attr-defined]
+        yield "data: [DONE]\n\n"
+
+    def _whole_response(self, rid: str, chat: bool, content: str, outcome: Outcome) -> dict[str, Any]:
+        created = now_s()
+        if chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": outcome.finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": outcome.finish_reason}
+            obj = "text_completion"
+        return {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": self._model,
+            "choices": [choice],
+            "usage": usage(outcome.prompt_tokens, outcome.completion_tokens),
+        }
+
+    # ------------------------------------------------------------------ input
+
+    def _tenant(self, request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        tenant = self._tenant_of_key_hash.get(hash_key(key.strip()))
+        if tenant is None:
+            raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
+        return tenant
+
+    async def _json_body(self, request: Request) -> Any:
+        limit = self._limits["max_body_bytes"]
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > limit:
+                raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None

@@ -1,0 +1,27 @@
+"""How the core's rejections reach clients: OpenAI-shaped errors with the right status."""
+
+from __future__ import annotations
+
+from dispatcher.core import REJECT_RATE_LIMITED, REJECT_TOO_LARGE
+from dispatcher.openai_api import ApiError
+
+RETRY_AFTER_S = 60
+
+
+def rejection_error(reason: str) -> ApiError:
+    if reason == REJECT_RATE_LIMITED:
+        return ApiError(
+            429,
+            "rate limit reached for this tenant's requests per minute",
+            type_="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    if reason == REJECT_TOO_LARGE:
+        return ApiError(
+            400,
+            "the prompt plus max_tokens is larger than any worker's KV cache",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return ApiError(503, f"request refused: {reason}", type_="server_error", code=reason)

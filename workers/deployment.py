@@ -1,0 +1,40 @@
+"""The worker replica as a Ray Serve deployment: one engine, its gRPC Worker server and its stream to
+the dispatcher. Serve adds and removes replicas; a removed replica says goodbye, takes no new work and
+finishes what it runs before it stops (``graceful_shutdown_timeout_s`` covers the longest generation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+
+from dispatcher.actor import get_or_create_dispatcher
+from workers.engine import SimulatedEngine, StepTimeModel
+from workers.simulated_worker import SimulatedWorker
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0},
+    graceful_shutdown_timeout_s=600,
+    graceful_shutdown_wait_loop_s=0.5,
+    max_ongoing_requests=16,
+)
+class WorkerReplica:
+    async def __init__(self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str) -> None:
+        actor = get_or_create_dispatcher(app, dispatcher["scheduler"], dispatcher["tenants"], secret)
+        address = await actor.address.remote()
+        worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
+        engine = SimulatedEngine(
+            workers["kv_tokens"],
+            StepTimeModel(**workers["step_model"]),
+            block_size=workers["block_size"],
+            max_running=workers["max_running"],
+        )
+        self.worker = SimulatedWorker(worker_id, address, secret.encode(), engine)
+        await self.worker.start()
+
+    async def info(self) -> dict[str, Any]:
+        return {"worker_id": self.worker.worker_id, "address": self.worker.address}
+
+    async def __del__(self) -> None:
+        await self.worker.drain()
