@@ -60,6 +60,7 @@ class Placement:
 class _WorkerLink:
     address: str
     outbox: asyncio.Queue[pb.DispatcherMessage | None]
+    released: bool = False
 
 
 class DispatcherService:
@@ -154,6 +155,15 @@ class DispatcherService:
             future = self._pending.pop(req.id, None)
             if future is not None and not future.done():
                 future.set_exception(Rejected(reason))
+        self._release_drained()
+
+    def _release_drained(self) -> None:
+        """Tell each draining worker once nothing assigned to it is still on its way."""
+        for wid, link in self._links.items():
+            slot = self.scheduler.workers.get(wid)
+            if not link.released and slot is not None and slot.draining and slot.pending_count == 0:
+                link.released = True
+                link.outbox.put_nowait(pb.DispatcherMessage(released=pb.Released()))
 
     def _expire_unstarted(self, request_id: str) -> None:
         """An assignment whose ticket expired before its worker started it frees its reservation."""
@@ -206,6 +216,9 @@ class DispatcherService:
                     else:
                         self._apply(worker[0], msg)
                     self._assign()
+            except Exception:
+                log.exception("dispatcher: failed on a message from worker %s; closing its stream", worker)
+                raise
             finally:
                 outbox.put_nowait(None)
 

@@ -58,6 +58,7 @@ class SimulatedWorker:
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._draining = False
+        self._released = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
@@ -78,11 +79,14 @@ class SimulatedWorker:
         return self.address
 
     async def drain(self, timeout_s: float = 600.0) -> None:
-        """Say goodbye (no new work), finish what runs, then stop."""
+        """Say goodbye, wait until the dispatcher has nothing more on its way here, finish what runs,
+        then stop. Requests assigned before the goodbye are still served."""
         if not self._draining:
             self._draining = True
             self._outbox.put_nowait(pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining")))
         deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), timeout_s)
         while (self.engine.has_work() or self._streams) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await self.stop()
@@ -151,7 +155,10 @@ class SimulatedWorker:
                         self._on_dispatcher_message(msg)
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 log.info("worker %s: dispatcher stream ended: %s", self.worker_id, exc)
-            if self._stopped.is_set() or self._draining:
+            if self._stopped.is_set():
+                return
+            if self._draining:  # the dispatcher is gone: nothing more can be on its way here
+                self._released.set()
                 return
             await asyncio.sleep(self._reconnect_s)
 
@@ -183,6 +190,8 @@ class SimulatedWorker:
         kind = msg.WhichOneof("kind")
         if kind == "drain":
             asyncio.get_running_loop().create_task(self.drain())
+        elif kind == "released":
+            self._released.set()
         elif kind == "abort":
             self.release(msg.abort.request_id)
 
@@ -198,8 +207,8 @@ class _WorkerServicer(rpc.WorkerServicer):
         problem = check(w._secret, fields, t.signature, w.worker_id, time.time())
         if problem is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
-        if w._draining or t.request_id in w._streams:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining or request already running")
+        if t.request_id in w._streams:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "this request is already running here")
         seed = request.seed if request.has_seed else stable_seed(t.request_id)
         stream = w.admit(t.request_id, t.tenant, request.prompt, request.max_tokens, seed, request.ignore_eos)
         try:

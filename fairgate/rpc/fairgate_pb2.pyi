@@ -95,14 +95,16 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("welcome", "drain", "abort")
+    __slots__ = ("welcome", "drain", "abort", "released")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     drain: Drain
     abort: Abort
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+    released: Released
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("dispatcher_id",)
@@ -111,6 +113,10 @@ class Welcome(_message.Message):
     def __init__(self, dispatcher_id: _Optional[str] = ...) -> None: ...
 
 class Drain(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Released(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
