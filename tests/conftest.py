@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, settings
+from dispatcher.loopback import ray_environment
+
+ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.1, no usage stats
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FAIRGATE_SHARED", REPO.parent / "shared"))
@@ -23,3 +28,25 @@ def shared_trace() -> Path:
     if not SHARED_TRACE.is_file():
         pytest.fail(f"the shared real trace is missing at {SHARED_TRACE} (set FAIRGATE_SHARED)")
     return SHARED_TRACE
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_port():
+    """One local Ray cluster and Serve instance for the whole session (starting them costs ~10 s)."""
+    import ray
+    from ray import serve
+
+    from dispatcher.app import start_local_ray
+
+    start_local_ray(num_cpus=2)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
