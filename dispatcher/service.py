@@ -130,6 +130,9 @@ class DispatcherService:
 
     def stats(self) -> dict[str, Any]:
         data = self.scheduler.stats()
+        for row in data["workers"]:
+            link = self._links.get(row["id"])
+            row["address"] = link.address if link else ""
         data["pending_submits"] = len(self._pending)
         data["dispatcher_id"] = self.id
         return data

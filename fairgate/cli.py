@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, default=Path("out/simulate"), help="where report.json and PNGs go")
     sim.add_argument("--seed", type=int, default=42)
     sim.add_argument("--rate-scale", type=float, default=1.0, help="multiply a generated workload's rates")
+    sim.add_argument("--duration", type=float, help="simulate only the first SECONDS of the workload")
     sim.add_argument("--trace", type=Path, help="trace CSV for the 'real' workload (default: synthesised)")
     sim.add_argument("--profile", type=Path, help="cost profile JSON to calibrate the engine's step time")
     sim.add_argument("--cost", choices=("linear", "profiled"), default="linear", help="VTC's cost function")
@@ -54,11 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--policy", help=f"scheduling policy, one of {', '.join(POLICY_NAMES)}")
     srv.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
 
+    lg = sub.add_parser("loadgen", help="replay a workload against an OpenAI-compatible endpoint")
+    lg.add_argument("--workload", required=True, help="a preset name or a .yaml/.json/.csv file")
+    lg.add_argument("--url", required=True, help="the endpoint's base URL, e.g. http://127.0.0.1:8000/v1")
+    lg.add_argument("--keys", type=Path, help="YAML/JSON mapping of workload tenant -> API key")
+    lg.add_argument("--model", default="fairgate-sim")
+    lg.add_argument("--label", default="endpoint", help="the run's name in the report (e.g. the policy)")
+    lg.add_argument("--duration", type=float, help="replay only the first SECONDS of the workload")
+    lg.add_argument("--pool-tokens", type=int, default=20_000, help="the endpoint's total KV pool, for 2U")
+    lg.add_argument("--rate-scale", type=float, default=1.0, help="multiply a generated workload's rates")
+    lg.add_argument("--trace", type=Path, help="trace CSV for the 'real' workload")
+    lg.add_argument("--out", type=Path, default=Path("out/loadgen"))
+    lg.add_argument("--seed", type=int, default=42)
+    lg.add_argument("--no-plots", action="store_true")
+    lg.add_argument("--no-progress", action="store_true")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="target", required=True, parser_class=_Parser)
     core = bench_sub.add_parser("core", help="dispatch decisions per second of the pure core")
     core.add_argument("--tenants", default="10,1000,100000", help="comma-separated tenant counts")
     core.add_argument("--decisions", type=int, default=200_000, help="decisions timed per tenant count")
+    gw = bench_sub.add_parser("gateway", help="requests/s through the dispatcher; first-token overhead")
+    gw.add_argument("--requests", type=int, default=5000, help="requests pushed through the dispatcher")
+    gw.add_argument("--samples", type=int, default=100, help="first-token samples each way")
     return parser
 
 
@@ -69,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "loadgen":
+            return _loadgen(args)
         return _bench(args)
     except UsageError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
@@ -129,6 +150,9 @@ def _simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be positive")
+    workloads = [w.truncated(args.duration) for w in workloads]
     started = time.perf_counter()
     reports = []
     for workload in workloads:
@@ -178,7 +202,57 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _loadgen(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import yaml
+
+    from loadgen.plots import plot_workload
+    from loadgen.replay import ReplayConfig, replay
+    from loadgen.report import comparison_table, write_report
+    from loadgen.workloads import WorkloadError, load_workloads
+
+    try:
+        workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    keys: dict[str, str] = {}
+    if args.keys is not None:
+        try:
+            keys = yaml.safe_load(args.keys.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read keys file {args.keys}: {exc}") from None
+        if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+            raise UsageError(f"keys file {args.keys}: expected a mapping of tenant -> API key")
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be positive")
+    reports = []
+    for workload in workloads:
+        config = ReplayConfig(
+            url=args.url,
+            keys={str(k): v for k, v in keys.items()},
+            model=args.model,
+            policy_label=args.label,
+            duration_s=args.duration,
+            pool_tokens=args.pool_tokens,
+            progress=not args.no_progress,
+        )
+        try:
+            summary, _ = asyncio.run(replay(workload, config))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        reports.append(summary.report)
+        if not args.no_plots:
+            plot_workload(args.out / f"{workload.name}.png", [(summary.report, summary.series)])
+    path = write_report(args.out, reports, {"command": "loadgen", "url": args.url, "seed": args.seed})
+    print(comparison_table(reports))
+    print(f"\nwrote {path}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
+    if args.target == "gateway":
+        return _bench_gateway(args)
     from loadgen.bench import bench_core
 
     try:
@@ -198,6 +272,27 @@ def _bench(args: argparse.Namespace) -> int:
             f"slowdown {last[0]:,} vs {first[0]:,} tenants: {first[1] / last[1]:.2f}x (1,000 queued), "
             f"{first[2] / last[2]:.2f}x (all waiting)"
         )
+    return 0
+
+
+def _bench_gateway(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from dispatcher.loopback import ray_environment
+
+    ray_environment()
+    from loadgen.bench_gateway import dispatcher_requests_per_second, first_token_overhead
+
+    if args.requests < 1 or args.samples < 2:
+        raise UsageError("--requests must be >= 1 and --samples >= 2")
+    rps = asyncio.run(dispatcher_requests_per_second(args.requests))
+    print(f"dispatcher: {rps:,.0f} requests/s (submit -> assign -> zero-time engine -> report -> finish)")
+    ttft = first_token_overhead(args.samples)
+    print(
+        f"first token: gateway p50 {ttft['gateway_p50_ms']:.1f} ms, worker Generate directly p50 "
+        f"{ttft['direct_p50_ms']:.1f} ms; gateway overhead p50 {ttft['overhead_p50_ms']:.1f} ms, "
+        f"p90 {ttft['overhead_p90_ms']:.1f} ms"
+    )
     return 0
 
 

@@ -51,6 +51,13 @@ class Workload:
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 
+    def truncated(self, seconds: float | None) -> Workload:
+        """The first ``seconds`` of this workload (itself when None or longer)."""
+        if seconds is None or seconds >= self.duration_s:
+            return self
+        kept = [r for r in self.requests if r.arrival_s < seconds]
+        return Workload(self.name, seconds, kept, dict(self.weights), self.kv_tokens)
+
 
 @dataclass(frozen=True)
 class Phase:

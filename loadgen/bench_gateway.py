@@ -1,0 +1,161 @@
+"""``fairgate bench gateway``: the dispatcher's request rate and the gateway's first-token overhead.
+
+1. Requests per second through the dispatcher: submit -> assign -> the worker's engine (zero step time)
+   -> its per-step report over the real gRPC stream -> finish, with many requests in flight. Dispatcher
+   and workers share this one process (and so its CPU), which makes the figure conservative.
+2. First-token latency through the whole gateway (HTTP -> Serve proxy -> ingress -> dispatcher actor ->
+   worker Generate over gRPC) against calling the same worker's Generate directly with a ticket, one
+   request at a time, the two alternating so both see the same machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import statistics
+import time
+from typing import Any
+
+import grpc
+
+from dispatcher.core import SchedulerConfig
+from dispatcher.service import DispatcherService
+from dispatcher.tickets import TicketFields, sign
+from fairgate.rpc import fairgate_pb2 as pb
+from fairgate.rpc import fairgate_pb2_grpc as rpc
+from workers.engine import SimulatedEngine, StepTimeModel
+from workers.simulated_worker import SimulatedWorker
+
+
+async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_flight: int = 256) -> float:
+    secret = secrets.token_bytes(16)
+    service = DispatcherService(SchedulerConfig(max_engine_waiting=64), secret)
+    address = await service.start()
+    pool = [
+        SimulatedWorker(f"w{i}", address, secret, SimulatedEngine(1 << 40, StepTimeModel.zero()))
+        for i in range(workers)
+    ]
+    for w in pool:
+        await w.start()
+    while len(service.scheduler.workers) < workers:
+        await asyncio.sleep(0.01)
+    by_id = {w.worker_id: w for w in pool}
+    gate = asyncio.Semaphore(in_flight)
+    finished = 0
+    all_done = asyncio.Event()
+
+    async def one(i: int) -> None:
+        nonlocal finished
+        async with gate:
+            rid = f"r{i}"
+            placement = await service.submit(rid, f"t{i % 100}", 8, 2)
+            stream = by_id[placement.worker_id].admit(rid, "t", "x " * 8, 2, 0, True)
+            while (await stream.queue.get())[1] is None:
+                pass
+            by_id[placement.worker_id].release(rid)
+            while rid in service.scheduler.in_flight():  # until the dispatcher has seen it finish
+                await asyncio.sleep(0.001)
+            finished += 1
+            if finished == requests:
+                all_done.set()
+
+    start = time.perf_counter()
+    tasks = [asyncio.create_task(one(i)) for i in range(requests)]
+    await all_done.wait()
+    elapsed = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    for w in pool:
+        await w.stop()
+    await service.stop()
+    return requests / elapsed
+
+
+def first_token_overhead(samples: int) -> dict[str, float]:
+    """Start a one-worker gateway on local Ray, then time first tokens both ways."""
+    import ray
+    from ray import serve
+
+    from dispatcher.actor import dispatcher_name
+    from dispatcher.app import run_app, start_local_ray
+    from dispatcher.config import parse_config
+
+    key = "fg-bench-" + secrets.token_hex(12)
+    zero = {k: 0.0 for k in StepTimeModel.zero().to_dict()}
+    config, _ = parse_config(
+        {
+            "workers": {"count": 1, "step_model": zero, "block_size": 1},
+            "tenants": [{"name": "bench", "api_key": key}],
+        }
+    )
+    secret = secrets.token_hex(16)
+    start_local_ray()
+    port = _free_port()
+    url = run_app("bench", config, secret, port, route_prefix="/bench")
+    try:
+        actor = ray.get_actor(dispatcher_name("bench"), namespace="fairgate")
+        worker = ray.get(actor.stats.remote())["workers"][0]
+        gateway_s, direct_s = asyncio.run(_alternate(url, key, config.model, worker, secret.encode(), samples))
+        overhead = [g - d for g, d in zip(gateway_s, direct_s, strict=True)]
+        return {
+            "gateway_p50_ms": 1000 * statistics.median(gateway_s),
+            "direct_p50_ms": 1000 * statistics.median(direct_s),
+            "overhead_p50_ms": 1000 * statistics.median(overhead),
+            "overhead_p90_ms": 1000 * statistics.quantiles(overhead, n=10)[-1],
+        }
+    finally:
+        serve.delete("bench")
+        ray.kill(ray.get_actor(dispatcher_name("bench"), namespace="fairgate"))
+
+
+async def _alternate(
+    url: str, key: str, model: str, worker: dict[str, Any], secret: bytes, samples: int
+) -> tuple[list[float], list[float]]:
+    """First-token seconds through the gateway and directly, alternating; connections reused both ways."""
+    import httpx
+
+    body = {"model": model, "prompt": "hello", "max_tokens": 1, "stream": True, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {key}"}
+    gateway_s: list[float] = []
+    direct_s: list[float] = []
+    async with httpx.AsyncClient(timeout=30) as client, grpc.aio.insecure_channel(worker["address"]) as channel:
+        stub = rpc.WorkerStub(channel)
+        for i in range(samples + 5):
+            t0 = time.perf_counter()
+            async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data:") and '"text": " ' in line:
+                        break
+            t_gateway = time.perf_counter() - t0
+            t_direct = await _direct_first_token(stub, worker["id"], secret, f"direct-{i}")
+            if i >= 5:  # the first few warm up connections
+                gateway_s.append(t_gateway)
+                direct_s.append(t_direct)
+    return gateway_s, direct_s
+
+
+async def _direct_first_token(stub: rpc.WorkerStub, worker_id: str, secret: bytes, rid: str) -> float:
+    fields = TicketFields(rid, "bench", worker_id, time.time() + 30)
+    ticket = pb.Ticket(
+        request_id=rid,
+        tenant="bench",
+        worker_id=worker_id,
+        expires_at=fields.expires_at,
+        signature=sign(secret, fields),
+    )
+    request = pb.GenerateRequest(ticket=ticket, prompt="hello", prompt_tokens=1, max_tokens=1, ignore_eos=True)
+    t0 = time.perf_counter()
+    call = stub.Generate(request)
+    async for chunk in call:
+        if chunk.text:
+            break
+    elapsed = time.perf_counter() - t0
+    call.cancel()
+    return elapsed
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,133 @@
+"""``fairgate loadgen``: replay a workload against any OpenAI-compatible endpoint and measure it.
+
+Each request is sent at its arrival time as a streaming completion (prompt of the workload's length,
+``max_tokens`` = its output length, ``ignore_eos`` so the server generates exactly that). What comes
+back feeds the same ``ServiceRecorder`` the simulator uses, so the report and plots have the same
+shape: service per tenant over time (from the tokens received), TTFT, latency, errors. Seen from a
+client, a tenant is backlogged while one of its requests has been sent and no token has come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import openai
+from tqdm import tqdm
+
+from dispatcher.core.costs import CostFunction, LinearCost
+from loadgen.metrics import RunSummary, ServiceRecorder, bound_2u, summarize
+from loadgen.workloads import Workload
+
+
+@dataclass
+class ReplayConfig:
+    url: str
+    keys: dict[str, str]
+    model: str = "fairgate-sim"
+    policy_label: str = "endpoint"
+    duration_s: float | None = None  # replay only the first part of the workload
+    pool_tokens: int = 20_000  # the endpoint's total KV pool, for the 2U bound
+    cost: CostFunction = field(default_factory=LinearCost)
+    progress: bool = True
+    timeout_s: float = 600.0
+
+
+class _Live:
+    """Who is waiting for a first token, per tenant (the client-visible backlog)."""
+
+    def __init__(self, tenants: list[str]) -> None:
+        self.waiting = dict.fromkeys(tenants, 0)
+
+
+async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, dict[str, int]]:
+    workload = workload.truncated(config.duration_s)
+    horizon = workload.duration_s
+    requests = workload.requests
+    missing = sorted({r.tenant for r in requests} - set(config.keys))
+    if missing:
+        raise ValueError(f"no API key for tenant(s) {', '.join(missing)} (give them in --keys)")
+    tenants = workload.tenants
+    rec = ServiceRecorder(tenants, [workload.weight(t) for t in tenants], config.cost)
+    live = _Live(tenants)
+    errors = dict.fromkeys(tenants, 0)
+    clients = {
+        t: openai.AsyncOpenAI(base_url=config.url, api_key=k, max_retries=0, timeout=config.timeout_s)
+        for t, k in config.keys.items()
+    }
+    bar = tqdm(total=len(requests), unit="req", desc=f"{workload.name}", disable=None if config.progress else True)
+    start = time.monotonic()
+
+    def now() -> float:
+        return time.monotonic() - start
+
+    def sample() -> None:
+        rec.sample(now(), [live.waiting[t] > 0 for t in tenants])
+
+    async def one(i: int) -> None:
+        r = requests[i]
+        delay = r.arrival_s - now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rid = str(i)
+        rec.on_arrival(rid, r.tenant, now(), r.prompt_tokens, r.output_tokens)
+        live.waiting[r.tenant] += 1
+        sample()
+        got_first = False
+        try:
+            stream = await clients[r.tenant].completions.create(
+                model=config.model,
+                prompt="word " * r.prompt_tokens,
+                max_tokens=r.output_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            seen = 0
+            async for chunk in stream:
+                if chunk.usage is not None:  # exact count: settle any difference with what was counted
+                    if chunk.usage.completion_tokens > seen:
+                        rec.on_step(now(), {}, {rid: chunk.usage.completion_tokens - seen}, [])
+                    continue
+                text = chunk.choices[0].text if chunk.choices else ""
+                if not text:
+                    continue
+                tokens = max(1, len(text.split()))
+                started = {} if got_first else {rid: r.prompt_tokens}
+                if not got_first:
+                    got_first = True
+                    live.waiting[r.tenant] -= 1
+                seen += tokens
+                rec.on_step(now(), started, {rid: tokens}, [])
+                sample()
+            rec.on_step(now(), {}, {}, [rid])
+        except (openai.APIError, OSError) as exc:  # counted per tenant; the report lists them
+            errors[r.tenant] += 1
+            if isinstance(exc, openai.RateLimitError):
+                rec.on_reject(rid, now(), False)
+        finally:
+            if not got_first:
+                live.waiting[r.tenant] -= 1
+            sample()
+            bar.update(1)
+
+    tasks = [asyncio.create_task(one(i)) for i in range(len(requests))]
+    _, unfinished = await asyncio.wait(tasks, timeout=max(0.0, horizon - now()))
+    for task in unfinished:  # like the simulator, measure [0, horizon]; hang up on what is left
+        task.cancel()
+    await asyncio.gather(*unfinished, return_exceptions=True)
+    bar.close()
+    for c in clients.values():
+        await c.close()
+    summary = summarize(
+        rec,
+        workload=workload.name,
+        policy=config.policy_label,
+        replicas=0,
+        kv_tokens=config.pool_tokens,
+        duration_s=max(horizon, 1e-9),
+        bound=bound_2u(config.cost, [(r.prompt_tokens, r.output_tokens) for r in requests], config.pool_tokens),
+    )
+    summary.report["errors"] = errors
+    return summary, errors
