@@ -42,7 +42,11 @@ async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
+@serve.deployment(
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=10_000,
+    logging_config={"enable_access_log": False, "log_level": "WARNING"},
+)
 @serve.ingress(app)
 class Ingress:
     def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:

@@ -18,6 +18,7 @@ from workers.simulated_worker import SimulatedWorker
     graceful_shutdown_timeout_s=600,
     graceful_shutdown_wait_loop_s=0.5,
     max_ongoing_requests=16,
+    logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class WorkerReplica:
     async def __init__(self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str) -> None:
