@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Start fairgate with its embedded defaults. Until the gateway lands this runs the paper's
-# `overload` workload in the simulator under VTC and FCFS; extra arguments go to `fairgate`.
+# Start the fairgate gateway with its embedded defaults: local Ray on loopback, simulated workers,
+# in-memory state, http://127.0.0.1:8000/v1. Extra arguments go to `fairgate` (default: `serve`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ "$#" -eq 0 ]; then
-  set -- simulate --workload overload --policy vtc --policy fcfs --out out/overload
+  set -- serve
 fi
 exec .venv/bin/fairgate "$@"
