@@ -133,6 +133,8 @@ class Ingress:
             content = "".join([piece async for piece in text])
         except WorkerLost as exc:
             raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
+        finally:
+            await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
         return self._whole_response(rid, chat, content, outcome)
 
     async def _submit(self, rid: str, tenant: str, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
