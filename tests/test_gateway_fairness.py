@@ -14,7 +14,7 @@ from .gateway_helpers import Gateway, deploy
 PROMPT = "word " * 60  # 60 prompt tokens
 MAX_TOKENS = 40
 KV_PER_WORKER = 400  # 4 requests of 100 tokens per worker
-LOAD = {"alice": 6, "bob": 12}  # closed-loop clients: bob asks twice as often; both stay backlogged
+LOAD = {"alice": 12, "bob": 24}  # closed-loop clients, 4.5x the 8 slots: both always backlogged
 
 
 async def closed_loop(client: openai.AsyncOpenAI, stop: asyncio.Event, results: list) -> None:
@@ -94,7 +94,7 @@ def test_vtc_keeps_two_flooding_tenants_within_2u_of_the_total_pool(runs):
 @pytest.mark.slow
 def test_fcfs_gives_the_heavier_sender_clearly_more(runs):
     got, _, results = runs["fcfs"]
-    assert got["bob"] > 1.5 * got["alice"]
+    assert got["bob"] > 1.4 * got["alice"]
     assert all(r == MAX_TOKENS for r in results)
 
 
