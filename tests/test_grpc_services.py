@@ -187,3 +187,25 @@ def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
         await shutdown(service, workers)
 
     asyncio.run(scenario())
+
+
+def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
+    async def scenario():
+        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=0.2)
+        address = await service.start()
+        worker = SimulatedWorker("w0", address, SECRET, SimulatedEngine(100, FAST))
+        await worker.start()
+        while not len(service.scheduler.workers):
+            await asyncio.sleep(0.01)
+        await service.submit("ghost", "A", 50, 40)  # assigned, but its caller never calls Generate
+        waiting = asyncio.create_task(service.submit("next", "B", 50, 40))  # does not fit beside it
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        placement = await asyncio.wait_for(waiting, 2.0)  # the ghost's ticket expired: room again
+        assert placement.request_id == "next"
+        assert "ghost" not in service.scheduler.in_flight()
+        assert service.scheduler.tenants["A"].service == 0  # refunded: it was never served
+        await worker.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
