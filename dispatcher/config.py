@@ -39,9 +39,6 @@ class WorkerSettings:
     max_running: int | None = None
     step_model: dict[str, float] = field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
 
-    def make_step_model(self) -> StepTimeModel:
-        return StepTimeModel(**self.step_model)
-
 
 @dataclass(frozen=True)
 class IngressSettings:
@@ -58,9 +55,6 @@ class GatewayConfig:
     workers: WorkerSettings
     ingress: IngressSettings
     tenants: tuple[TenantConfig, ...]
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig.from_dict(self.scheduler)
 
 
 def hash_key(api_key: str) -> str:

@@ -101,9 +101,6 @@ class WorkerTable:
         """The largest KV pool among workers taking work (0 when there are none)."""
         return self._largest
 
-    def total_pool(self) -> int:
-        return sum(w.kv_tokens for w in self._active)
-
     def has_slack(self) -> bool:
         """Whether some worker could take one more request by count (KV room is checked in place)."""
         limit = self.max_engine_waiting

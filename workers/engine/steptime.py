@@ -10,10 +10,7 @@ fits), or set directly.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -70,13 +67,3 @@ class StepTimeModel:
         dec_b = np.array([r[4] for r in decode_rows])
         overhead, per_seq, per_ctx = (max(0.0, float(c)) for c in np.linalg.lstsq(dec_a, dec_b, rcond=None)[0])
         return cls(overhead, max(0.0, prefill_per_token), per_seq, per_ctx)
-
-    @classmethod
-    def from_profile_file(cls, path: str | Path) -> StepTimeModel:
-        try:
-            data: Any = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read cost profile {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"cost profile {path}: expected an object of input lengths")
-        return cls.from_profile(data)
