@@ -26,6 +26,7 @@ from dispatcher.openai_api import (
     CompletionRequest,
     chat_chunk,
     completion_chunk,
+    envelope,
     now_s,
     parse_body,
     usage,
@@ -173,16 +174,8 @@ class Ingress:
             yield event(final)
             if include_usage:
                 obj = "chat.completion.chunk" if chat else "text_completion"
-                yield event(
-                    {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": usage(outcome.prompt_tokens, outcome.completion_tokens),
-                    }
-                )
+                tokens = usage(outcome.prompt_tokens, outcome.completion_tokens)
+                yield event(envelope(rid, obj, model, created, [], usage=tokens))
         except WorkerLost as exc:
             yield event(ApiError(502, str(exc), type_="server_error", code="worker_failed").body())
         finally:
@@ -202,14 +195,9 @@ class Ingress:
         else:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": outcome.finish_reason}
             obj = "text_completion"
-        return {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": self._model,
-            "choices": [choice],
-            "usage": usage(outcome.prompt_tokens, outcome.completion_tokens),
-        }
+        return envelope(
+            rid, obj, self._model, created, [choice], usage=usage(outcome.prompt_tokens, outcome.completion_tokens)
+        )
 
     # ------------------------------------------------------------------ input
 

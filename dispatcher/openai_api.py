@@ -129,24 +129,19 @@ def parse_body(model: type[_Sampling], body: Any) -> Any:
         raise ApiError(400, message, param=param, code="invalid_request") from None
 
 
+def envelope(rid: str, obj: str, model: str, created: int, choices: list[dict[str, Any]], **extra: Any) -> dict:
+    """The fields every completion object and chunk share."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+
+
 def completion_chunk(rid: str, model: str, created: int, text: str, finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return envelope(rid, "text_completion", model, created, [choice])
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return envelope(rid, "chat.completion.chunk", model, created, [choice])
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
