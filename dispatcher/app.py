@@ -29,7 +29,10 @@ def gateway_dict(config: GatewayConfig) -> dict[str, Any]:
 def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
     g = gateway_dict(config)
     dispatcher = {"scheduler": g["scheduler"], "tenants": [(t["name"], t["weight"]) for t in g["tenants"]]}
-    workers = WorkerReplica.options(num_replicas=config.workers.count).bind(app_name, dispatcher, g["workers"], secret)
+    workers = WorkerReplica.options(
+        num_replicas=config.workers.count,
+        ray_actor_options={"num_cpus": 0, "num_gpus": config.workers.num_gpus},
+    ).bind(app_name, dispatcher, g["workers"], secret)
     return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, workers)
 
 

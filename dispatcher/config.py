@@ -17,6 +17,7 @@ import yaml
 
 from dispatcher.core import SchedulerConfig, cost_from_spec, parse_policy
 from workers.engine import StepTimeModel
+from workers.vllm_engine.settings import VllmSettings
 
 
 class ConfigError(ValueError):
@@ -38,6 +39,8 @@ class WorkerSettings:
     block_size: int = 16
     max_running: int | None = None
     step_model: dict[str, float] = field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
+    vllm: dict[str, Any] = field(default_factory=dict)  # VllmSettings.to_dict(), when engine is vllm
+    num_gpus: float = 0.0  # GPUs per worker replica (1 for vLLM on a GPU machine)
 
 
 @dataclass(frozen=True)
@@ -116,13 +119,14 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
     return GatewayConfig(
         model=str(raw.get("model", "fairgate-sim")),
         scheduler=scheduler,
-        workers=_workers(raw.get("workers") or {}, where),
+        workers=parse_workers(raw.get("workers") or {}, where),
         ingress=_ingress(raw.get("ingress") or {}, where),
         tenants=tuple(tenants),
     ), generated
 
 
-def _workers(raw: dict[str, Any], where: str) -> WorkerSettings:
+def parse_workers(raw: dict[str, Any], where: str) -> WorkerSettings:
+    """The ``workers`` section (also used for command-line overrides)."""
     step = raw.get("step_model", "a10g-llama7b")
     if step == "a10g-llama7b":
         step_model = StepTimeModel.a10g_llama7b().to_dict()
@@ -134,8 +138,17 @@ def _workers(raw: dict[str, Any], where: str) -> WorkerSettings:
     else:
         raise ConfigError(f"{where}: workers.step_model must be 'a10g-llama7b' or a mapping of coefficients")
     engine = str(raw.get("engine", "simulated"))
-    if engine != "simulated":
-        raise ConfigError(f"{where}: workers.engine {engine!r} is not available (only 'simulated' so far)")
+    if engine not in ("simulated", "vllm"):
+        raise ConfigError(f"{where}: workers.engine must be 'simulated' or 'vllm', got {engine!r}")
+    vllm: dict[str, Any] = {}
+    if engine == "vllm":
+        try:
+            vllm = VllmSettings.from_dict(raw.get("vllm") or {}).to_dict()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: workers.vllm: {exc}") from None
+    num_gpus = raw.get("num_gpus", 0)
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
+        raise ConfigError(f"{where}: workers.num_gpus must be a number >= 0, got {num_gpus!r}")
     max_running = raw.get("max_running")
     return WorkerSettings(
         count=_int(raw.get("count", 2), f"{where}: workers.count", 0),
@@ -144,6 +157,8 @@ def _workers(raw: dict[str, Any], where: str) -> WorkerSettings:
         block_size=_int(raw.get("block_size", 16), f"{where}: workers.block_size", 1),
         max_running=None if max_running is None else _int(max_running, f"{where}: workers.max_running", 1),
         step_model=step_model,
+        vllm=vllm,
+        num_gpus=float(num_gpus),
     )
 
 

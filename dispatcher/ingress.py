@@ -31,9 +31,9 @@ from dispatcher.openai_api import (
     parse_body,
     usage,
 )
+from dispatcher.prompts import context_limit, prompts_for
 from dispatcher.scheduler_errors import rejection_error
 from fairgate.rpc import fairgate_pb2 as pb
-from workers.engine.tokenizer import count_tokens
 
 app = FastAPI(title="fairgate", version="0.1.0")
 
@@ -53,6 +53,8 @@ class Ingress:
     def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:
         self._model = gateway["model"]
         self._limits = gateway["ingress"]
+        self._prompts = prompts_for(gateway["workers"])
+        self._max_model_len = context_limit(gateway)
         self._tenant_of_key_hash = {t["key_hash"]: t["name"] for t in gateway["tenants"]}
         self._dispatcher = get_or_create_dispatcher(
             app_name, gateway["scheduler"], [(t["name"], t["weight"]) for t in gateway["tenants"]], secret
@@ -90,11 +92,11 @@ class Ingress:
         req = parse_body(ChatRequest if chat else CompletionRequest, body)
         if req.model != self._model:
             raise ApiError(404, f"the model '{req.model}' does not exist", param="model", code="model_not_found")
-        prompt = req.rendered_prompt() if chat else req.prompt_text()
-        prompt_tokens = count_tokens(prompt)
+        prompt = self._prompts.chat_prompt(req.message_dicts()) if chat else req.prompt_text()
+        prompt_tokens = self._prompts.count(prompt, templated=chat)
         max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens
         max_tokens = max_tokens or self._limits["default_max_tokens"]
-        limit = self._limits["max_model_len"]
+        limit = self._max_model_len
         if prompt_tokens + max_tokens > limit:
             raise ApiError(
                 400,
@@ -123,6 +125,7 @@ class Ingress:
             has_seed=req.seed is not None,
             stop=req.stop_strings(),
             ignore_eos=req.ignore_eos,
+            templated=chat,
         )
         outcome = Outcome()
         text = stream_text(self._channels, placement["address"], grpc_request, req.stop_strings(), outcome)

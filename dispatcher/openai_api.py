@@ -109,10 +109,9 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
-    def rendered_prompt(self) -> str:
-        """The simulated model's chat template."""
-        turns = [f"<|{m.role}|> {m.text()}" for m in self.messages]
-        return "\n".join([*turns, "<|assistant|>"])
+    def message_dicts(self) -> list[dict[str, str]]:
+        """The conversation as a chat template takes it."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
 def parse_body(model: type[_Sampling], body: Any) -> Any:

@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--workers", type=int, help="number of simulated worker replicas")
     srv.add_argument("--policy", help=f"scheduling policy, one of {', '.join(POLICY_NAMES)}")
     srv.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1")
+    srv.add_argument("--engine", choices=("simulated", "vllm"), help="worker engine (default: the config's)")
+    srv.add_argument(
+        "--model", help="vLLM model: a shape the project builds (tiny, llama3-8b; dummy weights), a path or an HF id"
+    )
+    srv.add_argument("--kv-tokens", type=int, help="KV pool per worker, in tokens")
 
     lg = sub.add_parser("loadgen", help="replay a workload against an OpenAI-compatible endpoint")
     lg.add_argument("--workload", required=True, help="a preset name or a .yaml/.json/.csv file")
@@ -192,12 +197,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     ray_environment()  # before anything imports Ray: it reads these at import time
     from dispatcher.config import ConfigError
-    from fairgate.serve_cmd import serve_main
+    from fairgate.serve_cmd import ServeOverrides, serve_main
 
     if not 1 <= args.port <= 65535:
         raise UsageError("--port must be between 1 and 65535")
     try:
-        return serve_main(args.config, args.workers, args.policy, args.port)
+        overrides = ServeOverrides(args.workers, args.policy, args.engine, args.model, args.kv_tokens)
+        return serve_main(args.config, overrides, args.port)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 

@@ -24,7 +24,8 @@ from dispatcher.tickets import TicketFields, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
 from workers.engine import SimulatedEngine, StepTimeModel
-from workers.simulated_worker import SimulatedWorker
+from workers.simulated_runner import SimulatedRunner
+from workers.worker import Worker
 
 
 async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_flight: int = 256) -> float:
@@ -32,7 +33,7 @@ async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_fli
     service = DispatcherService(SchedulerConfig(max_engine_waiting=64), secret)
     address = await service.start()
     pool = [
-        SimulatedWorker(f"w{i}", address, secret, SimulatedEngine(1 << 40, StepTimeModel.zero()))
+        Worker(f"w{i}", address, secret, SimulatedRunner(SimulatedEngine(1 << 40, StepTimeModel.zero())))
         for i in range(workers)
     ]
     for w in pool:

@@ -15,7 +15,8 @@ from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
 from workers.engine import SimulatedEngine, StepTimeModel
 from workers.engine.tokenizer import count_tokens
-from workers.simulated_worker import SimulatedWorker
+from workers.simulated_runner import SimulatedRunner
+from workers.worker import Worker
 
 SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
@@ -24,7 +25,9 @@ FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
 async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc"):
     service = DispatcherService(SchedulerConfig(policy=parse_policy(policy)), SECRET)
     address = await service.start()
-    workers = [SimulatedWorker(f"w{i}", address, SECRET, SimulatedEngine(kv_tokens, FAST)) for i in range(n_workers)]
+    workers = [
+        Worker(f"w{i}", address, SECRET, SimulatedRunner(SimulatedEngine(kv_tokens, FAST))) for i in range(n_workers)
+    ]
     for w in workers:
         await w.start()
     for _ in range(200):
@@ -91,7 +94,7 @@ def test_worker_refuses_generate_without_a_valid_ticket(tamper):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await generate(forged, "hello", 5)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert not w.engine.has_work()
+        assert not w.runner.has_work()
         await shutdown(service, workers)
 
     asyncio.run(scenario())
@@ -194,7 +197,7 @@ def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
         ttl = 0.3
         service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=ttl)
         address = await service.start()
-        worker = SimulatedWorker("w0", address, SECRET, SimulatedEngine(100, FAST))
+        worker = Worker("w0", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
         await worker.start()
         while not len(service.scheduler.workers):
             await asyncio.sleep(0.01)

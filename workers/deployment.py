@@ -1,6 +1,7 @@
-"""The worker replica as a Ray Serve deployment: one engine, its gRPC Worker server and its stream to
-the dispatcher. Serve adds and removes replicas; a removed replica says goodbye, takes no new work and
-finishes what it runs before it stops (``graceful_shutdown_timeout_s`` covers the longest generation)."""
+"""The worker replica as a Ray Serve deployment: one engine runner, its gRPC Worker server and its
+stream to the dispatcher. Serve adds and removes replicas; a removed replica says goodbye, takes no new
+work and finishes what it runs before it stops (``graceful_shutdown_timeout_s`` covers the longest
+generation)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,25 @@ from ray import serve
 
 from dispatcher.actor import get_or_create_dispatcher
 from workers.engine import SimulatedEngine, StepTimeModel
-from workers.simulated_worker import SimulatedWorker
+from workers.runner import EngineRunner
+from workers.simulated_runner import SimulatedRunner
+from workers.worker import Worker
+
+
+def make_runner(workers: dict[str, Any]) -> EngineRunner:
+    """The engine a replica runs, from the config's ``workers`` section."""
+    if workers["engine"] == "vllm":
+        from workers.vllm_engine.runner import VllmRunner
+        from workers.vllm_engine.settings import VllmSettings
+
+        return VllmRunner(VllmSettings.from_dict(workers["vllm"]))
+    engine = SimulatedEngine(
+        workers["kv_tokens"],
+        StepTimeModel(**workers["step_model"]),
+        block_size=workers["block_size"],
+        max_running=workers["max_running"],
+    )
+    return SimulatedRunner(engine)
 
 
 @serve.deployment(
@@ -25,13 +44,7 @@ class WorkerReplica:
         actor = get_or_create_dispatcher(app, dispatcher["scheduler"], dispatcher["tenants"], secret)
         address = await actor.address.remote()
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        engine = SimulatedEngine(
-            workers["kv_tokens"],
-            StepTimeModel(**workers["step_model"]),
-            block_size=workers["block_size"],
-            max_running=workers["max_running"],
-        )
-        self.worker = SimulatedWorker(worker_id, address, secret.encode(), engine)
+        self.worker = Worker(worker_id, address, secret.encode(), make_runner(workers))
         await self.worker.start()
 
     async def info(self) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""A worker replica running the shared engine model in real time, behind the real gRPC contracts.
+"""A worker replica's shell: one engine runner behind the real gRPC contracts.
 
 It serves ``Worker.Generate`` on an ephemeral loopback port (checking the dispatcher's ticket before
-generating anything), runs the engine (sleeping for each step's modelled duration), and keeps one
+generating anything), drives its runner (the simulated engine or vLLM), and keeps one
 ``Dispatcher.Connect`` stream: hello, one report per engine step, goodbye when draining; it obeys the
-dispatcher's drain and abort. The vLLM worker will implement the same shape with ``AsyncLLM``.
+dispatcher's drain and abort. Everything engine-specific lives in the runner.
 """
 
 from __future__ import annotations
@@ -20,43 +20,40 @@ import grpc
 from dispatcher.tickets import TicketFields, check
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
-from workers.engine import EngineRequest, SimulatedEngine, StepReport
-from workers.engine.tokenizer import count_tokens, natural_length, stable_seed, token_text
+from workers.engine import StepReport
+from workers.runner import EngineRunner, GenerationParams
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Stream:
-    """What Generate is waiting for: deltas pushed by the engine loop."""
+class _Running:
+    """A request this worker runs, as re-announced in a hello after a dispatcher restart."""
 
     tenant: str
-    seed: int
     prompt_tokens: int
-    queue: asyncio.Queue[tuple[int, str | None]]  # (new tokens, finish reason or None)
     generated: int = 0
 
 
-class SimulatedWorker:
+class Worker:
     def __init__(
         self,
         worker_id: str,
         dispatcher_address: str,
         secret: bytes,
-        engine: SimulatedEngine,
+        runner: EngineRunner,
         *,
         host: str = "127.0.0.1",
         reconnect_s: float = 0.2,
     ) -> None:
         self.worker_id = worker_id
         self.dispatcher_address = dispatcher_address
-        self.engine = engine
+        self.runner = runner
         self._secret = secret
         self._host = host
         self._reconnect_s = reconnect_s
-        self._streams: dict[str, _Stream] = {}
+        self._running: dict[str, _Running] = {}
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
-        self._wake = asyncio.Event()
         self._draining = False
         self._released = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -72,10 +69,8 @@ class SimulatedWorker:
         port = self._server.add_insecure_port(f"{self._host}:0")
         await self._server.start()
         self.address = f"{self._host}:{port}"
-        self._tasks = [
-            asyncio.create_task(self._engine_loop(), name=f"{self.worker_id}-engine"),
-            asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher"),
-        ]
+        await self.runner.start(self._on_step)
+        self._tasks = [asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher")]
         return self.address
 
     async def drain(self, timeout_s: float = 600.0) -> None:
@@ -87,14 +82,13 @@ class SimulatedWorker:
         deadline = time.monotonic() + timeout_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._released.wait(), timeout_s)
-        while (self.engine.has_work() or self._streams) and time.monotonic() < deadline:
+        while (self.runner.has_work() or self._running) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await self.stop()
 
     async def stop(self) -> None:
         """Stop at once (what runs is aborted)."""
         self._stopped.set()
-        self._wake.set()
         self._outbox.put_nowait(None)
         for task in self._tasks:
             task.cancel()
@@ -103,46 +97,17 @@ class SimulatedWorker:
                 await task
         if self._server is not None:
             await self._server.stop(grace=0.5)
+        await self.runner.stop()
 
     # ------------------------------------------------------------------ engine
 
-    async def _engine_loop(self) -> None:
-        engine = self.engine
-        while not self._stopped.is_set():
-            duration = engine.begin_step()
-            if duration is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            await asyncio.sleep(duration)
-            report = engine.end_step()
-            self._deliver(report)
-            self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report)))
-
-    def _deliver(self, report: StepReport) -> None:
-        for rid, k in report.new_tokens.items():
-            stream = self._streams.get(rid)
-            if stream is not None:
-                stream.queue.put_nowait((k, None))
-        for done in report.finished:
-            stream = self._streams.get(done.id)
-            if stream is not None:
-                stream.queue.put_nowait((0, done.reason))
-
-    def admit(self, request_id: str, tenant: str, prompt: str, max_tokens: int, seed: int, ignore_eos: bool) -> _Stream:
-        prompt_tokens = count_tokens(prompt)
-        target = max_tokens if ignore_eos else min(max_tokens, natural_length(prompt, seed))
-        stream = _Stream(tenant, seed, prompt_tokens, asyncio.Queue())
-        self._streams[request_id] = stream
-        self.engine.add(EngineRequest(request_id, prompt_tokens, max_tokens, target))
-        self._wake.set()
-        return stream
+    def _on_step(self, report: StepReport) -> None:
+        self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report)))
 
     def release(self, request_id: str) -> None:
-        """The caller is gone or the request ended: stop generating for it."""
-        if self._streams.pop(request_id, None) is not None:
-            self.engine.abort(request_id)
-            self._wake.set()
+        """The dispatcher aborted the request: stop generating for it (its stream ends with 'abort')."""
+        if request_id in self._running:
+            self.runner.abort(request_id)
 
     # ------------------------------------------------------------------ dispatcher stream
 
@@ -175,14 +140,14 @@ class SimulatedWorker:
     def _hello(self) -> pb.Hello:
         running = [
             pb.RunningRequest(request_id=rid, tenant=s.tenant, prompt_tokens=s.prompt_tokens, output_tokens=s.generated)
-            for rid, s in self._streams.items()
+            for rid, s in self._running.items()
         ]
         return pb.Hello(
             worker_id=self.worker_id,
             address=self.address,
-            kv_tokens=self.engine.kv_tokens,
-            max_running=self.engine.max_running or 0,
-            free_tokens=self.engine.free_tokens,
+            kv_tokens=self.runner.kv_tokens,
+            max_running=self.runner.max_running or 0,
+            free_tokens=self.runner.free_tokens(),
             running=running,
         )
 
@@ -197,7 +162,7 @@ class SimulatedWorker:
 
 
 class _WorkerServicer(rpc.WorkerServicer):
-    def __init__(self, worker: SimulatedWorker) -> None:
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
@@ -207,26 +172,34 @@ class _WorkerServicer(rpc.WorkerServicer):
         problem = check(w._secret, fields, t.signature, w.worker_id, time.time())
         if problem is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
-        if t.request_id in w._streams:
+        if t.request_id in w._running:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "this request is already running here")
-        seed = request.seed if request.has_seed else stable_seed(t.request_id)
-        stream = w.admit(t.request_id, t.tenant, request.prompt, request.max_tokens, seed, request.ignore_eos)
+        params = GenerationParams(
+            prompt=request.prompt,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed if request.has_seed else None,
+            stop=tuple(request.stop),
+            ignore_eos=request.ignore_eos,
+            templated=request.templated,
+        )
+        running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens)
+        deltas = w.runner.generate(t.request_id, params)
         try:
-            while True:
-                k, reason = await stream.queue.get()
-                text = "".join(token_text(seed, stream.generated + i) for i in range(k))
-                stream.generated += k
-                if k:
-                    yield pb.GenerateChunk(
-                        text=text, completion_tokens=stream.generated, prompt_tokens=stream.prompt_tokens
-                    )
-                if reason is not None:
-                    yield pb.GenerateChunk(
-                        completion_tokens=stream.generated, prompt_tokens=stream.prompt_tokens, finish_reason=reason
-                    )
+            async for delta in deltas:
+                running.prompt_tokens, running.generated = delta.prompt_tokens, delta.completion_tokens
+                yield pb.GenerateChunk(
+                    text=delta.text,
+                    completion_tokens=delta.completion_tokens,
+                    prompt_tokens=delta.prompt_tokens,
+                    finish_reason=delta.finish_reason or "",
+                )
+                if delta.finish_reason:
                     return
         finally:
-            w.release(t.request_id)
+            await deltas.aclose()  # type: ignore[attr-defined]  # aborts the request if it still runs
+            w._running.pop(t.request_id, None)
 
 
 def _report_message(report: StepReport) -> pb.StepReport:
