@@ -126,6 +126,7 @@ class Ingress:
             stop=req.stop_strings(),
             ignore_eos=req.ignore_eos,
             templated=chat,
+            final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
         )
         outcome = Outcome()
         text = stream_text(self._channels, placement["address"], grpc_request, req.stop_strings(), outcome)

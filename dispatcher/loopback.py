@@ -3,7 +3,8 @@
 Ray 2.60's Serve replicas bind their inter-deployment gRPC server to ``[::]:0`` with no setting to
 change it; on one machine that server only ever needs loopback. ``bind_serve_to_loopback`` is installed
 as Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process before any replica
-starts. ``ray_environment`` is what ``fairgate serve`` and the tests set before Ray starts.
+starts. ``ray_environment`` is what ``fairgate serve`` and the tests set before Ray starts (it also
+keeps Ray's worker processes at normal priority).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # with this, Ray's own listeners bind 127.0.0.1
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_SERVE_DEFAULT_HTTP_HOST": "127.0.0.1",
+    # Ray starts worker processes at niceness 15; an inference engine (and the dispatcher every request
+    # waits on) must not lose the CPU to whatever else runs on the machine.
+    "RAY_worker_niceness": "0",
 }
 
 

@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--no-plots", action="store_true")
     lg.add_argument("--no-progress", action="store_true")
 
+    prof = sub.add_parser("profile", help="measure an engine's prefill/decode times into a cost profile")
+    prof.add_argument("--engine", choices=("vllm",), default="vllm")
+    prof.add_argument("--model", default="tiny", help="vLLM model (default: the project's tiny model)")
+    prof.add_argument("--kv-tokens", type=int, help="KV pool in tokens (default: vLLM's sizing; 8192 on CPU)")
+    prof.add_argument("--max-num-seqs", type=int, help="vLLM's batch limit")
+    prof.add_argument("--inputs", default="8,64,256,512", help="comma-separated prompt lengths")
+    prof.add_argument("--outputs", default="1,64,128,256", help="comma-separated output lengths")
+    prof.add_argument("--out", type=Path, default=Path("out/profile.json"))
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="target", required=True, parser_class=_Parser)
     core = bench_sub.add_parser("core", help="dispatch decisions per second of the pure core")
@@ -83,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     gw = bench_sub.add_parser("gateway", help="requests/s through the dispatcher; first-token overhead")
     gw.add_argument("--requests", type=int, default=5000, help="requests pushed through the dispatcher")
     gw.add_argument("--samples", type=int, default=100, help="first-token samples each way")
+    vb = bench_sub.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
+    vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
+    vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
+    vb.add_argument("--max-num-seqs", type=int, default=16, help="vLLM's batch limit")
+    vb.add_argument("--clients", type=int, default=36, help="closed-loop clients, split 1 : 2 between two tenants")
+    vb.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    vb.add_argument("--seconds", type=float, default=20.0, help="measuring window, after a warm-up")
+    vb.add_argument("--port", type=int, default=8001, help="HTTP port on 127.0.0.1 for the gateway run")
     return parser
 
 
@@ -95,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "loadgen":
             return _loadgen(args)
+        if args.command == "profile":
+            return _profile(args)
         return _bench(args)
     except UsageError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
@@ -259,6 +278,8 @@ def _loadgen(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     if args.target == "gateway":
         return _bench_gateway(args)
+    if args.target == "vllm":
+        return _bench_vllm(args)
     from loadgen.bench import bench_core
 
     try:
@@ -304,3 +325,71 @@ def _bench_gateway(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _bench_vllm(args: argparse.Namespace) -> int:
+    from dispatcher.loopback import ray_environment
+
+    ray_environment()
+    from loadgen.bench_vllm import VllmBenchConfig, run_bench
+
+    if min(args.kv_tokens, args.max_num_seqs, args.clients, args.max_tokens) < 1 or args.seconds <= 0:
+        raise UsageError("--kv-tokens, --max-num-seqs, --clients, --max-tokens and --seconds must be positive")
+    config = VllmBenchConfig(
+        model=args.model,
+        kv_tokens=args.kv_tokens,
+        max_num_seqs=args.max_num_seqs,
+        clients=args.clients,
+        max_tokens=args.max_tokens,
+        window_s=args.seconds,
+    )
+    direct, gateway = run_bench(config, args.port)
+    split = config.split()
+    print(f"offered load: {args.clients} closed-loop clients ({split}), {args.max_tokens} output tokens each")
+    print(f"vLLM directly:        {direct.tokens_per_s:8.1f} output tokens/s")
+    print(
+        f"through the gateway:  {gateway.tokens_per_s:8.1f} output tokens/s (VTC): "
+        f"{gateway.tokens_per_s / direct.tokens_per_s:.1%} of direct"
+    )
+    service = gateway.service or {}
+    gap = abs(service["alice"] - service["bob"])
+    print(
+        f"gateway service over the window: alice {service['alice']:,.0f}, bob {service['bob']:,.0f} cost units; "
+        f"gap {gap:,.0f} (2U = {4 * args.kv_tokens:,})"
+    )
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from workers.vllm_engine.profiler import profile
+    from workers.vllm_engine.runner import VllmRunner
+    from workers.vllm_engine.settings import VllmSettings
+
+    try:
+        inputs = [int(x) for x in args.inputs.split(",") if x.strip()]
+        outputs = [int(x) for x in args.outputs.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError("--inputs and --outputs must be comma-separated whole numbers") from None
+    if not inputs or not outputs or min(inputs + outputs) < 1:
+        raise UsageError("--inputs and --outputs need positive lengths")
+    settings = VllmSettings(model=args.model, kv_tokens=args.kv_tokens, max_num_seqs=args.max_num_seqs)
+
+    async def run() -> dict:
+        runner = VllmRunner(settings)
+        await runner.start(lambda _report: None)
+        try:
+            print(
+                f"engine up: {runner.kv_tokens} KV tokens, blocks of {runner.block_size}, batch <= {runner.max_running}"
+            )
+            return await profile(runner, inputs, outputs, progress=print)
+        finally:
+            await runner.stop()
+
+    result = asyncio.run(run())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0

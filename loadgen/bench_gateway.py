@@ -24,6 +24,7 @@ from dispatcher.tickets import TicketFields, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
 from workers.engine import SimulatedEngine, StepTimeModel
+from workers.runner import GenerationParams
 from workers.simulated_runner import SimulatedRunner
 from workers.worker import Worker
 
@@ -42,6 +43,7 @@ async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_fli
         await asyncio.sleep(0.01)
     by_id = {w.worker_id: w for w in pool}
     gate = asyncio.Semaphore(in_flight)
+    params = GenerationParams("x " * 8, max_tokens=2, ignore_eos=True)
     finished = 0
     all_done = asyncio.Event()
 
@@ -50,10 +52,8 @@ async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_fli
         async with gate:
             rid = f"r{i}"
             placement = await service.submit(rid, f"t{i % 100}", 8, 2)
-            stream = by_id[placement.worker_id].admit(rid, "t", "x " * 8, 2, 0, True)
-            while (await stream.queue.get())[1] is None:
+            async for _ in by_id[placement.worker_id].runner.generate(rid, params):
                 pass
-            by_id[placement.worker_id].release(rid)
             while rid in service.scheduler.in_flight():  # until the dispatcher has seen it finish
                 await asyncio.sleep(0.001)
             finished += 1

@@ -35,6 +35,7 @@ class SimulationConfig:
     output_reserve_cap: int | None = None
     preemption: bool = True
     block_size: int = 1
+    max_running: int | None = None  # the engine's batch limit (vLLM's max_num_seqs)
     max_engine_waiting: int = 8
     seed: int = 42
     drain: bool = False
@@ -70,6 +71,7 @@ class Simulation:
                 self.kv_tokens,
                 config.step_model,
                 block_size=config.block_size,
+                max_running=config.max_running,
                 preemption=config.preemption,
             )
             for _ in range(config.replicas)
@@ -77,7 +79,7 @@ class Simulation:
         self.worker_ids = [f"engine-{i}" for i in range(config.replicas)]
         self._engine_of = {wid: e for wid, e in zip(self.worker_ids, self.engines, strict=True)}
         for wid in self.worker_ids:
-            self.scheduler.worker_join(wid, self.kv_tokens)
+            self.scheduler.worker_join(wid, self.kv_tokens, config.max_running)
         tenants = workload.tenants
         self.recorder = ServiceRecorder(tenants, [workload.weight(t) for t in tenants], config.cost)
         self.now = 0.0

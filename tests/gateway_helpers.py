@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import openai
 import ray
 from ray import serve
 
@@ -50,12 +53,16 @@ def deploy(
     tenants: tuple[str, ...] = ("alice", "bob", "carol"),
     max_body_bytes: int = 65536,
     max_model_len: int = 4096,
+    vllm: dict[str, Any] | None = None,
 ) -> Gateway:
+    """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
+    engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
     raw = {
-        "model": "fairgate-sim",
+        "model": vllm["model"] if vllm is not None else "fairgate-sim",
         "policy": policy,
         "workers": {
+            **engine,
             "count": workers,
             "kv_tokens": kv_tokens,
             "block_size": 1,
@@ -73,3 +80,65 @@ def deploy(
     secret = secrets.token_hex(16)
     serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")
     return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw)
+
+
+# ----------------------------------------------------------------------------- load
+
+PROMPT = "word " * 60  # 60 prompt tokens for the simulated tokenizer
+MAX_TOKENS = 40
+
+
+def clients(gw: Gateway) -> dict[str, openai.AsyncOpenAI]:
+    return {
+        t: openai.AsyncOpenAI(base_url=gw.base_url, api_key=k, max_retries=0, timeout=120) for t, k in gw.keys.items()
+    }
+
+
+async def closed_loop(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, results: list) -> None:
+    """One client sending the next request as soon as the previous one ends."""
+    while not stop.is_set():
+        try:
+            r = await client.completions.create(
+                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
+            )
+            results.append(r.usage.completion_tokens)
+        except Exception as exc:  # recorded and asserted on: nothing may fail
+            results.append(exc)
+
+
+async def light_probe(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, ttfts: list[float]) -> None:
+    """A light tenant: one short streaming request at a time, now and then; records first-token latency."""
+    while not stop.is_set():
+        start = time.monotonic()
+        stream = await client.completions.create(
+            model=model, prompt="hi", max_tokens=2, stream=True, extra_body={"ignore_eos": True}
+        )
+        first = None
+        async for _ in stream:
+            if first is None:
+                first = time.monotonic() - start
+        ttfts.append(first)
+        await asyncio.sleep(0.5)
+
+
+async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: float = 3.0):
+    """Heavy tenants in closed loops (``load``: tenant -> clients) and carol as a light probe. Returns
+    (service of each heavy tenant between two moments when all were backlogged, carol's first-token
+    latencies, every heavy result)."""
+    c = clients(gw)
+    model = gw.config.model
+    stop = asyncio.Event()
+    results: list = []
+    ttfts: list[float] = []
+    tasks = [asyncio.create_task(closed_loop(c[t], model, stop, results)) for t, n in load.items() for _ in range(n)]
+    tasks.append(asyncio.create_task(light_probe(c["carol"], model, stop, ttfts)))
+    await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
+    first = await asyncio.to_thread(gw.stats)
+    await asyncio.sleep(seconds)
+    last = await asyncio.to_thread(gw.stats)
+    stop.set()
+    await asyncio.gather(*tasks)
+    for t in load:
+        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+    got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
+    return got, ttfts, results

@@ -186,15 +186,20 @@ class _WorkerServicer(rpc.WorkerServicer):
         )
         running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens)
         deltas = w.runner.generate(t.request_id, params)
+        held: list[str] = []  # final_only: the text so far, sent once at the end
         try:
             async for delta in deltas:
                 running.prompt_tokens, running.generated = delta.prompt_tokens, delta.completion_tokens
+                if request.final_only and not delta.finish_reason:
+                    held.append(delta.text)
+                    continue
                 yield pb.GenerateChunk(
-                    text=delta.text,
+                    text="".join([*held, delta.text]),
                     completion_tokens=delta.completion_tokens,
                     prompt_tokens=delta.prompt_tokens,
                     finish_reason=delta.finish_reason or "",
                 )
+                held.clear()
                 if delta.finish_reason:
                     return
         finally:

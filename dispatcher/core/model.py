@@ -56,6 +56,7 @@ class Tenant:
     submitted: int = 0
     rejected: int = 0
     finished: int = 0
+    output_tokens: int = 0  # generated for this tenant, as the workers reported them
 
     def state(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class Tenant:
             "submitted": self.submitted,
             "rejected": self.rejected,
             "finished": self.finished,
+            "output_tokens": self.output_tokens,
         }
 
     @classmethod
@@ -88,4 +90,5 @@ class Tenant:
             submitted=int(data["submitted"]),
             rejected=int(data["rejected"]),
             finished=int(data["finished"]),
+            output_tokens=int(data.get("output_tokens", 0)),
         )

@@ -210,6 +210,7 @@ class FairScheduler:
             if not req.started:
                 self._mark_started(req, req.prompt_tokens, lowered)
             t = tenants[req.tenant]
+            t.output_tokens += k
             old = req.output_tokens
             new = old + k
             n_p = req.prompt_tokens
@@ -346,6 +347,7 @@ class FairScheduler:
                     "submitted": t.submitted,
                     "rejected": t.rejected,
                     "finished": t.finished,
+                    "output_tokens": t.output_tokens,
                 }
                 for t in self.tenants.values()
             },

@@ -141,7 +141,7 @@ class Ticket(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("ticket", "prompt", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "has_seed", "stop", "ignore_eos", "templated")
+    __slots__ = ("ticket", "prompt", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "has_seed", "stop", "ignore_eos", "templated", "final_only")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     TEMPLATED_FIELD_NUMBER: _ClassVar[int]
+    FINAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     ticket: Ticket
     prompt: str
     prompt_tokens: int
@@ -164,7 +165,8 @@ class GenerateRequest(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     ignore_eos: bool
     templated: bool
-    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., templated: _Optional[bool] = ...) -> None: ...
+    final_only: bool
+    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., templated: _Optional[bool] = ..., final_only: _Optional[bool] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("text", "completion_tokens", "prompt_tokens", "finish_reason")

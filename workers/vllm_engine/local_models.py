@@ -5,8 +5,9 @@ No download: the tokenizer is a byte-level BPE trained here with ``tokenizers`` 
 vLLM loads it with ``load_format="dummy"`` (random weights, no weight files). The output is gibberish,
 but every part of serving is real: tokenizer, chat template, KV cache, batching, step times.
 
-Shapes: ``tiny`` (2 layers, 32-wide heads; runs on a laptop CPU) and ``llama3-8b`` (Llama-3-8B's
-layers and attention, with this small vocabulary; for timing real GPUs without weights).
+Shapes: ``tiny`` (2 layers, 32-wide heads; runs on a laptop CPU), ``small`` (~100M parameters, for
+CPU benchmarks where the model's arithmetic should dominate) and ``llama3-8b`` (Llama-3-8B's layers
+and attention, with this small vocabulary; for timing real GPUs without weights).
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ SHAPES: dict[str, dict[str, int]] = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,
+        "max_position_embeddings": 4096,
+    },
+    "small": {  # ~100M parameters: steps dominated by the model's arithmetic even on a CPU
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
         "max_position_embeddings": 4096,
     },
     "llama3-8b": {

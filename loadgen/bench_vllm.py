@@ -1,0 +1,140 @@
+"""``fairgate bench vllm``: is the gateway work-conserving in front of a real vLLM engine?
+
+The same offered load (closed-loop clients of two tenants, 1 : 2, every request the same prompt and
+``max_tokens`` with ``ignore_eos``) is driven twice in one run: straight into a vLLM engine (``AsyncLLM``
+through the worker's runner, no gateway), then through the whole gateway (HTTP -> ingress -> VTC
+dispatcher -> gRPC worker) to one vLLM worker with the same settings. Output tokens per second are
+counted the same way both times: the tokens vLLM generated per engine step, as the runner reports
+them, over the same measuring window after a warm-up. The gateway run also reports each tenant's
+exact service over the window, the gap and 2U.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from workers.engine import StepReport
+from workers.runner import GenerationParams
+
+PROMPT = "the tenant queue is served by the engine " * 8
+
+
+@dataclass(frozen=True)
+class VllmBenchConfig:
+    model: str = "small"  # on a CPU, an engine whose steps are the model's arithmetic (see the README)
+    kv_tokens: int = 8192
+    max_num_seqs: int = 16
+    clients: int = 36  # closed-loop clients in all, split 1 : 2: both tenants stay backlogged
+    max_tokens: int = 32
+    warmup_s: float = 5.0
+    window_s: float = 20.0
+
+    def vllm_settings(self) -> dict[str, Any]:
+        return {"model": self.model, "kv_tokens": self.kv_tokens, "max_num_seqs": self.max_num_seqs}
+
+    def split(self) -> dict[str, int]:
+        light = max(1, self.clients // 3)
+        return {"alice": light, "bob": self.clients - light}
+
+
+@dataclass
+class BenchResult:
+    tokens_per_s: float
+    service: dict[str, float] | None = None
+
+
+async def direct(config: VllmBenchConfig) -> BenchResult:
+    """The offered load straight into the engine."""
+    from workers.vllm_engine.runner import VllmRunner
+    from workers.vllm_engine.settings import VllmSettings
+
+    steps: list[tuple[float, int]] = []
+
+    def on_step(report: StepReport) -> None:
+        steps.append((time.monotonic(), sum(report.new_tokens.values())))
+
+    runner = VllmRunner(VllmSettings.from_dict(config.vllm_settings()))
+    await runner.start(on_step)
+    stop = asyncio.Event()
+    params = GenerationParams(PROMPT, max_tokens=config.max_tokens, ignore_eos=True)
+    counter = iter(range(1 << 62))
+
+    async def client() -> None:
+        while not stop.is_set():
+            async for _ in runner.generate(f"direct-{next(counter)}", params):
+                pass
+
+    tasks = [asyncio.create_task(client()) for _ in range(config.clients)]
+    await asyncio.sleep(config.warmup_s)
+    start = time.monotonic()
+    await asyncio.sleep(config.window_s)
+    end = time.monotonic()
+    stop.set()
+    await asyncio.gather(*tasks)
+    await runner.stop()
+    tokens = sum(n for t, n in steps if start <= t < end)
+    return BenchResult(tokens / (end - start))
+
+
+async def through_gateway(config: VllmBenchConfig, port: int) -> BenchResult:
+    """The same load through the gateway (VTC) to one vLLM worker."""
+    import openai
+    import ray
+    from ray import serve
+
+    from dispatcher.actor import dispatcher_name
+    from dispatcher.app import build_app, start_local_ray
+    from dispatcher.config import parse_config
+
+    keys = {t: "fg-bench-" + secrets.token_hex(12) for t in config.split()}
+    raw = {
+        "model": config.model,
+        "policy": "vtc",
+        "workers": {"count": 1, "engine": "vllm", "vllm": config.vllm_settings()},
+        "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
+    }
+    gateway, _ = parse_config(raw, "bench")
+    start_local_ray()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    await asyncio.to_thread(serve.run, build_app("bench-vllm", gateway, secrets.token_hex(16)), name="bench-vllm")
+    actor = ray.get_actor(dispatcher_name("bench-vllm"), namespace="fairgate")
+    stop = asyncio.Event()
+    failures: list[BaseException] = []
+
+    async def client(key: str) -> None:
+        c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=300)
+        while not stop.is_set():
+            try:
+                await c.completions.create(
+                    model=config.model, prompt=PROMPT, max_tokens=config.max_tokens, extra_body={"ignore_eos": True}
+                )
+            except Exception as exc:  # reported: a work-conserving gateway loses nothing either
+                failures.append(exc)
+
+    try:
+        tasks = [asyncio.create_task(client(keys[t])) for t, n in config.split().items() for _ in range(n)]
+        await asyncio.sleep(config.warmup_s)
+        first = await actor.stats.remote()
+        start = time.monotonic()
+        await asyncio.sleep(config.window_s)
+        last = await actor.stats.remote()
+        end = time.monotonic()
+        stop.set()
+        await asyncio.gather(*tasks)
+    finally:
+        serve.delete("bench-vllm")
+        ray.kill(actor)
+    if failures:
+        raise RuntimeError(f"{len(failures)} requests failed through the gateway, first: {failures[0]!r}")
+    tenants = config.split()
+    tokens = sum(last["tenants"][t]["output_tokens"] - first["tenants"][t]["output_tokens"] for t in tenants)
+    service = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in tenants}
+    return BenchResult(tokens / (end - start), service)
+
+
+def run_bench(config: VllmBenchConfig, port: int) -> tuple[BenchResult, BenchResult]:
+    return asyncio.run(direct(config)), asyncio.run(through_gateway(config, port))
