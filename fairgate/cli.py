@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--relaxed", action="store_true", help="relax the head-of-line rule")
     sim.add_argument("--output-reserve", type=int, help="cap on KV tokens reserved for output per request")
     sim.add_argument("--no-preemption", action="store_true", help="stall instead of preempting on KV shortage")
+    sim.add_argument("--block-size", type=int, default=1, help="KV block size in tokens (vLLM: 16, 32 on CPU)")
+    sim.add_argument("--max-running", type=int, help="the engine's batch limit (vLLM's max_num_seqs)")
     sim.add_argument("--drain", action="store_true", help="run past the duration until every request ends")
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--no-progress", action="store_true")
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     vb.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     vb.add_argument("--seconds", type=float, default=20.0, help="measuring window, after a warm-up")
     vb.add_argument("--port", type=int, default=8001, help="HTTP port on 127.0.0.1 for the gateway run")
+    vb.add_argument("--policies", default="vtc", help="comma-separated gateway policies to run (e.g. vtc,fcfs)")
+    vb.add_argument("--num-gpus", type=float, default=0.0, help="GPUs for the gateway's vLLM worker")
+    vb.add_argument("--eager", action="store_true", help="no CUDA graphs / compilation (starts faster)")
     return parser
 
 
@@ -164,6 +169,8 @@ def _simulate(args: argparse.Namespace) -> int:
         raise UsageError("--kv-tokens must be positive")
     if args.output_reserve is not None and args.output_reserve < 0:
         raise UsageError("--output-reserve must be >= 0")
+    if args.block_size < 1 or (args.max_running is not None and args.max_running < 1):
+        raise UsageError("--block-size and --max-running must be positive")
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
     except WorkloadError as exc:
@@ -190,6 +197,8 @@ def _simulate(args: argparse.Namespace) -> int:
                 strict_head_of_line=not args.relaxed,
                 output_reserve_cap=args.output_reserve,
                 preemption=not args.no_preemption,
+                block_size=args.block_size,
+                max_running=args.max_running,
                 seed=args.seed,
                 drain=args.drain,
             )
@@ -323,10 +332,6 @@ def _bench_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _bench_vllm(args: argparse.Namespace) -> int:
     from dispatcher.loopback import ray_environment
 
@@ -335,6 +340,12 @@ def _bench_vllm(args: argparse.Namespace) -> int:
 
     if min(args.kv_tokens, args.max_num_seqs, args.clients, args.max_tokens) < 1 or args.seconds <= 0:
         raise UsageError("--kv-tokens, --max-num-seqs, --clients, --max-tokens and --seconds must be positive")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        try:
+            parse_policy(p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     config = VllmBenchConfig(
         model=args.model,
         kv_tokens=args.kv_tokens,
@@ -342,21 +353,27 @@ def _bench_vllm(args: argparse.Namespace) -> int:
         clients=args.clients,
         max_tokens=args.max_tokens,
         window_s=args.seconds,
+        num_gpus=args.num_gpus,
+        enforce_eager=True if args.eager else None,
     )
-    direct, gateway = run_bench(config, args.port)
-    split = config.split()
-    print(f"offered load: {args.clients} closed-loop clients ({split}), {args.max_tokens} output tokens each")
-    print(f"vLLM directly:        {direct.tokens_per_s:8.1f} output tokens/s")
+    results = run_bench(config, args.port, policies)
+    direct = results["vLLM alone"].tokens_per_s
     print(
-        f"through the gateway:  {gateway.tokens_per_s:8.1f} output tokens/s (VTC): "
-        f"{gateway.tokens_per_s / direct.tokens_per_s:.1%} of direct"
+        f"offered load: {args.clients} closed-loop clients {config.split()}, {args.max_tokens} output tokens each, "
+        f"{args.seconds:.0f} s measured after a warm-up"
     )
-    service = gateway.service or {}
-    gap = abs(service["alice"] - service["bob"])
     print(
-        f"gateway service over the window: alice {service['alice']:,.0f}, bob {service['bob']:,.0f} cost units; "
-        f"gap {gap:,.0f} (2U = {4 * args.kv_tokens:,})"
+        f"{'run':<12} {'tokens/s':>9} {'of alone':>9} {'batch':>6} {'alice':>10} {'bob':>10} {'max gap':>9} "
+        f"{'2U':>9} {'backlogged':>11}"
     )
+    for label, r in results.items():
+        line = f"{label:<12} {r.tokens_per_s:>9.1f} {r.tokens_per_s / direct:>9.1%} {r.mean_batch:>6.1f}"
+        if r.service is not None:
+            line += (
+                f" {r.service['alice']:>10,.0f} {r.service['bob']:>10,.0f} {r.max_gap:>9,.0f} {r.two_u:>9,.0f}"
+                f" {r.backlogged:>11.0%}"
+            )
+        print(line)
     return 0
 
 
@@ -393,3 +410,7 @@ def _profile(args: argparse.Namespace) -> int:
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,9 @@ through the worker's runner, no gateway), then through the whole gateway (HTTP -
 dispatcher -> gRPC worker) to one vLLM worker with the same settings. Output tokens per second are
 counted the same way both times: the tokens vLLM generated per engine step, as the runner reports
 them, over the same measuring window after a warm-up. The gateway run also reports each tenant's
-exact service over the window, the gap and 2U.
+exact service over the window, the largest gap between them at any moment of the window (sampled
+from the dispatcher four times a second) and 2U. ``--policies vtc,fcfs`` compares policies in the same
+run. ``scripts/gpu_check.sh`` runs this with a Llama-3-8B-shaped model on a GPU.
 """
 
 from __future__ import annotations
@@ -32,9 +34,16 @@ class VllmBenchConfig:
     max_tokens: int = 32
     warmup_s: float = 5.0
     window_s: float = 20.0
+    num_gpus: float = 0.0
+    enforce_eager: bool | None = None
 
     def vllm_settings(self) -> dict[str, Any]:
-        return {"model": self.model, "kv_tokens": self.kv_tokens, "max_num_seqs": self.max_num_seqs}
+        return {
+            "model": self.model,
+            "kv_tokens": self.kv_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "enforce_eager": self.enforce_eager,
+        }
 
     def split(self) -> dict[str, int]:
         light = max(1, self.clients // 3)
@@ -45,6 +54,10 @@ class VllmBenchConfig:
 class BenchResult:
     tokens_per_s: float
     service: dict[str, float] | None = None
+    max_gap: float = 0.0
+    two_u: float = 0.0
+    backlogged: float = 1.0  # share of samples at which every tenant had requests waiting
+    mean_batch: float = 0.0  # requests running in the engine, sampled four times a second
 
 
 async def direct(config: VllmBenchConfig) -> BenchResult:
@@ -71,17 +84,20 @@ async def direct(config: VllmBenchConfig) -> BenchResult:
     tasks = [asyncio.create_task(client()) for _ in range(config.clients)]
     await asyncio.sleep(config.warmup_s)
     start = time.monotonic()
-    await asyncio.sleep(config.window_s)
+    batches = []
+    while (now := time.monotonic()) < start + config.window_s:
+        await asyncio.sleep(min(0.25, start + config.window_s - now))
+        batches.append(runner.running)
     end = time.monotonic()
     stop.set()
     await asyncio.gather(*tasks)
     await runner.stop()
     tokens = sum(n for t, n in steps if start <= t < end)
-    return BenchResult(tokens / (end - start))
+    return BenchResult(tokens / (end - start), mean_batch=sum(batches) / max(1, len(batches)))
 
 
-async def through_gateway(config: VllmBenchConfig, port: int) -> BenchResult:
-    """The same load through the gateway (VTC) to one vLLM worker."""
+async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc") -> BenchResult:
+    """The same load through the gateway to one vLLM worker."""
     import openai
     import ray
     from ray import serve
@@ -89,18 +105,20 @@ async def through_gateway(config: VllmBenchConfig, port: int) -> BenchResult:
     from dispatcher.actor import dispatcher_name
     from dispatcher.app import build_app, start_local_ray
     from dispatcher.config import parse_config
+    from dispatcher.core import cost_from_spec
 
     keys = {t: "fg-bench-" + secrets.token_hex(12) for t in config.split()}
     raw = {
         "model": config.model,
-        "policy": "vtc",
-        "workers": {"count": 1, "engine": "vllm", "vllm": config.vllm_settings()},
+        "policy": policy,
+        "workers": {"count": 1, "engine": "vllm", "vllm": config.vllm_settings(), "num_gpus": config.num_gpus},
         "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
     }
     gateway, _ = parse_config(raw, "bench")
     start_local_ray()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    await asyncio.to_thread(serve.run, build_app("bench-vllm", gateway, secrets.token_hex(16)), name="bench-vllm")
+    app = build_app("bench-vllm", gateway, secrets.token_hex(16))
+    await asyncio.to_thread(serve.run, app, name="bench-vllm", route_prefix="/")
     actor = ray.get_actor(dispatcher_name("bench-vllm"), namespace="fairgate")
     stop = asyncio.Event()
     failures: list[BaseException] = []
@@ -120,8 +138,14 @@ async def through_gateway(config: VllmBenchConfig, port: int) -> BenchResult:
         await asyncio.sleep(config.warmup_s)
         first = await actor.stats.remote()
         start = time.monotonic()
-        await asyncio.sleep(config.window_s)
-        last = await actor.stats.remote()
+        max_gap, backlogged, batches = 0.0, [], []
+        while (now := time.monotonic()) < start + config.window_s:
+            await asyncio.sleep(min(0.25, start + config.window_s - now))
+            last = await actor.stats.remote()
+            served = [last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in keys]
+            max_gap = max(max_gap, max(served) - min(served))
+            backlogged.append(all(last["tenants"][t]["queued"] > 0 for t in keys))
+            batches.append(sum(w["running"] for w in last["workers"]))
         end = time.monotonic()
         stop.set()
         await asyncio.gather(*tasks)
@@ -133,8 +157,16 @@ async def through_gateway(config: VllmBenchConfig, port: int) -> BenchResult:
     tenants = config.split()
     tokens = sum(last["tenants"][t]["output_tokens"] - first["tenants"][t]["output_tokens"] for t in tenants)
     service = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in tenants}
-    return BenchResult(tokens / (end - start), service)
+    pool = max(w["kv_tokens"] for w in last["workers"])
+    cost = cost_from_spec(gateway.scheduler["cost"])
+    two_u = 2 * max(cost.total(pool, 0), cost.total(0, pool))  # U: the costliest request the pool holds
+    share = sum(backlogged) / max(1, len(backlogged))
+    return BenchResult(tokens / (end - start), service, max_gap, two_u, share, sum(batches) / max(1, len(batches)))
 
 
-def run_bench(config: VllmBenchConfig, port: int) -> tuple[BenchResult, BenchResult]:
-    return asyncio.run(direct(config)), asyncio.run(through_gateway(config, port))
+def run_bench(config: VllmBenchConfig, port: int, policies: list[str]) -> dict[str, BenchResult]:
+    """vLLM alone, then the gateway under each policy, one after another in this process."""
+    results = {"vLLM alone": asyncio.run(direct(config))}
+    for policy in policies:
+        results[policy] = asyncio.run(through_gateway(config, port, policy))
+    return results

@@ -79,6 +79,11 @@ def test_simulate_is_deterministic_for_a_seed(tmp_path):
         (["simulate", "--workload", "overload", "--policy", "rpm:zero"], "rpm"),
         (["simulate"], "--workload"),
         (["bench", "core", "--tenants", "ten"], "--tenants"),
+        (["simulate", "--workload", "overload", "--max-running", "0"], "--max-running"),
+        (["profile", "--inputs", "8,x"], "--inputs"),
+        (["profile", "--outputs", "0"], "--outputs"),
+        (["bench", "vllm", "--policies", "vtc,nope"], "unknown policy 'nope'"),
+        (["bench", "vllm", "--clients", "0"], "--clients"),
     ],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, needle):

@@ -21,12 +21,17 @@ from .test_cli import fairgate
 
 
 @pytest.mark.slow
-def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path):
+@pytest.mark.parametrize(
+    ("flags", "model"),
+    [([], "fairgate-sim"), (["--engine", "vllm", "--model", "tiny", "--kv-tokens", "2048"], "tiny")],
+    ids=["simulated", "vllm"],
+)
+def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path, flags, model):
     port = free_port()
     exe = Path(sys.executable).parent / "fairgate"
     log = open(tmp_path / "serve.log", "w+")  # noqa: SIM115 - read back below
     proc = subprocess.Popen(
-        [str(exe), "serve", "--port", str(port), "--workers", "1", "--policy", "vtc"],
+        [str(exe), "serve", "--port", str(port), "--workers", "1", "--policy", "vtc", *flags],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -40,9 +45,7 @@ def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path):
             keys = dict(re.findall(r"tenant (\w+): api key (\S+)", (tmp_path / "serve.log").read_text()))
         assert set(keys) == {"alice", "bob"}
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=keys["alice"], max_retries=0)
-        r = client.chat.completions.create(
-            model="fairgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-        )
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert r.usage.completion_tokens <= 4 and r.choices[0].message.content
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -58,6 +61,8 @@ def test_serve_rejects_bad_flags_in_one_line(tmp_path):
         (["serve", "--policy", "nope"], "unknown policy"),
         (["serve", "--config", str(bad)], "at least one tenant"),
         (["serve", "--port", "0"], "--port"),
+        (["serve", "--engine", "vllm", "--kv-tokens", "0"], "--kv-tokens"),
+        (["serve", "--workers", "0"], "--workers"),
     ):
         proc = fairgate(*args)
         assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1

@@ -1,5 +1,6 @@
 """The vLLM runner on CPU, with the project's tiny model: per-step reports against vLLM's own KV
-accounting, exact prompt counts, abort. One engine for the module (starting one takes ~30 s here)."""
+accounting, exact prompt counts, abort, and a measured profile that drives the simulator. One engine
+for the module (starting one takes ~30 s here)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ import asyncio
 
 import pytest
 
+from dispatcher.core import fit_profiled_cost
 from dispatcher.prompts import HuggingFacePrompts
-from workers.engine import StepReport
+from loadgen.engine_replay import replay_into_runner
+from loadgen.simulator import SimulationConfig, simulate
+from loadgen.workloads import Phase, TenantSpec, generate
+from workers.engine import StepReport, StepTimeModel
 from workers.runner import GenerationParams
+from workers.vllm_engine.local_models import SPECIAL_TOKENS, VOCAB_SIZE
+from workers.vllm_engine.profiler import profile
 from workers.vllm_engine.runner import VllmRunner
 from workers.vllm_engine.settings import VllmSettings
 
 pytestmark = pytest.mark.slow
 
-KV_TOKENS = 1024
+KV_TOKENS = 4096
 BLOCK = 32
+MAX_NUM_SEQS = 16
 
 
 class Engine:
@@ -24,7 +32,9 @@ class Engine:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.runner = VllmRunner(VllmSettings(model="tiny", kv_tokens=KV_TOKENS, block_size=BLOCK))
+        self.runner = VllmRunner(
+            VllmSettings(model="tiny", kv_tokens=KV_TOKENS, block_size=BLOCK, max_num_seqs=MAX_NUM_SEQS)
+        )
         self.reports: list[StepReport] = []
         self.loop.run_until_complete(self.runner.start(self.reports.append))
 
@@ -68,6 +78,7 @@ def test_pool_comes_from_vllm(engine):
     assert engine.runner.kv_tokens == KV_TOKENS
     assert engine.runner.block_size == BLOCK
     assert engine.runner.free_tokens() == KV_TOKENS
+    assert engine.runner.max_running == MAX_NUM_SEQS
 
 
 def test_reports_match_vllm_kv_use_within_one_block_per_request(engine):
@@ -155,3 +166,25 @@ def test_dispatcher_abort_ends_the_stream_with_abort(engine):
     seen = engine.run(abort_midway())
     assert seen[-1].finish_reason == "abort"
     assert seen[-1].completion_tokens < 500
+
+
+def test_measured_profile_drives_the_simulator_within_15_percent(engine):
+    """``fairgate profile``'s measurement, fitted by the simulated engine, predicts the throughput the
+    real engine reaches on a workload (two tenants overloading it with mixed lengths)."""
+    measured_profile = engine.run(profile(engine.runner, inputs=(16, 64, 160), outputs=(1, 32, 96)))
+    for by_output in measured_profile.values():
+        for batch, prefill_s, decode_s in by_output.values():
+            assert 1 <= batch <= MAX_NUM_SEQS and prefill_s > 0 and decode_s >= 0
+    step_model = StepTimeModel.from_profile(measured_profile)
+    assert fit_profiled_cost(measured_profile).total(64, 32) > 0  # VTC's profiled cost accepts it too
+    mixed = ((32, 160), (16, 96))
+    specs = [
+        TenantSpec("A", (Phase(0.0, 12.0, 15.0, arrival="poisson"),), *mixed),
+        TenantSpec("B", (Phase(0.0, 12.0, 30.0, arrival="poisson"),), *mixed),
+    ]
+    workload = generate("vllm-check", 12.0, specs, seed=3)
+    real = engine.run(replay_into_runner(engine.runner, workload, range(len(SPECIAL_TOKENS), VOCAB_SIZE)))
+    engine.run(engine.settle())
+    config = SimulationConfig(kv_tokens=KV_TOKENS, step_model=step_model, block_size=BLOCK, max_running=MAX_NUM_SEQS)
+    simulated = simulate(workload, config).report["output_tokens"] / workload.duration_s
+    assert abs(simulated - real) <= 0.15 * real, (simulated, real, step_model)

@@ -47,6 +47,11 @@ class WorkerReplica:
         self.worker = Worker(worker_id, address, secret.encode(), make_runner(workers))
         await self.worker.start()
 
+    async def check_health(self) -> None:
+        """Serve replaces a replica whose engine has died (its requests already ended with an error)."""
+        if not self.worker.runner.healthy():
+            raise RuntimeError(f"{self.worker.worker_id}: the engine has failed")
+
     async def info(self) -> dict[str, Any]:
         return {"worker_id": self.worker.worker_id, "address": self.worker.address}
 

@@ -32,6 +32,9 @@ class SimulatedRunner:
     def has_work(self) -> bool:
         return self.engine.has_work() or bool(self._queues)
 
+    def healthy(self) -> bool:
+        return self._task is None or not self._task.done()
+
     def abort(self, request_id: str) -> None:
         if self.engine.abort(request_id):
             self._wake.set()

@@ -88,6 +88,14 @@ class VllmRunner:
     def has_work(self) -> bool:
         return bool(self._active)
 
+    @property
+    def running(self) -> int:
+        """Requests vLLM is running, as of its last step."""
+        return self._running if self._active else 0
+
+    def healthy(self) -> bool:
+        return self.llm is not None and not self.llm.errored
+
     def abort(self, request_id: str) -> None:
         if request_id in self._active and self.llm is not None:
             asyncio.get_running_loop().create_task(self.llm.abort(request_id))

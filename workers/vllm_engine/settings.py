@@ -84,6 +84,11 @@ class VllmSettings:
             args["max_model_len"] = self.max_model_len
         if self.max_num_seqs:
             args["max_num_seqs"] = self.max_num_seqs
+        if on_cpu:
+            # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps kills the engine
+            # ("CPU Generator does not use offset"), so prefills are never split there.
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(2048, args.get("max_model_len") or _max_position(path))
         args.update(self.extra_args)
         return AsyncEngineArgs(**args)
 
