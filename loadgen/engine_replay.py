@@ -2,7 +2,8 @@
 
 Used to check the simulator against a real engine: the same workload (arrival times, exact prompt and
 output lengths as token ids with ``ignore_eos``) goes to the runner with no gateway in front, and the
-output tokens generated within the workload's duration are counted as they stream back.
+output tokens generated within the workload's duration are counted as they stream back. As behind the
+dispatcher, at most the engine's batch limit is in the engine at once; the rest wait here, in order.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ async def replay_into_runner(runner: EngineRunner, workload: Workload, vocabular
     start = time.monotonic()
     end = start + workload.duration_s
     counted = 0
+    admitted = asyncio.Semaphore(runner.max_running or len(workload.requests) or 1)
 
     async def one(i: int, prompt: list[int], output: int) -> None:
         nonlocal counted
         seen = 0
         params = GenerationParams(prompt, max_tokens=output, ignore_eos=True, seed=i)
-        async for delta in runner.generate(f"replay-{seed}-{i}", params):
-            if time.monotonic() <= end:
-                counted += delta.completion_tokens - seen
-            seen = delta.completion_tokens
+        async with admitted:
+            async for delta in runner.generate(f"replay-{seed}-{i}", params):
+                if time.monotonic() <= end:
+                    counted += delta.completion_tokens - seen
+                seen = delta.completion_tokens
 
     tasks = []
     for i, r in enumerate(workload.requests):

@@ -124,7 +124,7 @@ class SimulatedEngine:
             return 0.0 if self._finished_outside_step else None
         prefill_tokens = sum(r.context for r in admitted)
         context = sum(r.context for r in decode)
-        duration = self.step_model.step_time(prefill_tokens, len(decode), context)
+        duration = self.step_model.step_time(prefill_tokens, len(decode), context, len(admitted))
         self._plan = (admitted, decode, duration, prefill_tokens)
         return duration
 

@@ -66,3 +66,13 @@ async def profile(
             if progress is not None:
                 progress(f"input {x:>5} output {y:>5}: batch {batch:>4}, prefill {row[1]:.5f} s, decode {row[2]:.5f} s")
     return result
+
+
+def average_profiles(*profiles: Profile) -> Profile:
+    """The mean of several measurements of the same grid (a noisy machine measured more than once)."""
+    out: Profile = {}
+    for x, by_output in profiles[0].items():
+        for y in by_output:
+            rows = [p[x][y] for p in profiles if y in p.get(x, {})]
+            out.setdefault(x, {})[y] = [min(r[0] for r in rows)] + [sum(r[i] for r in rows) / len(rows) for i in (1, 2)]
+    return out
