@@ -92,11 +92,22 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     reserve = raw.get("output_reserve_cap")
+    limits = raw.get("limits") or {}
+    if not isinstance(limits, dict) or set(limits) - {"max_queued_per_tenant", "max_queued", "max_queue_s"}:
+        raise ConfigError(f"{where}: limits takes max_queued_per_tenant, max_queued and max_queue_s")
+    per_tenant, total, wait_s = (limits.get(k) for k in ("max_queued_per_tenant", "max_queued", "max_queue_s"))
+    if wait_s is not None and (isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s <= 0):
+        raise ConfigError(f"{where}: limits.max_queue_s must be a positive number of seconds, got {wait_s!r}")
     scheduler = SchedulerConfig(
         policy=policy,
         cost=cost,
         strict_head_of_line=bool(raw.get("strict_head_of_line", True)),
         output_reserve_cap=None if reserve is None else _int(reserve, f"{where}: output_reserve_cap", 0),
+        max_queued_per_tenant=None
+        if per_tenant is None
+        else _int(per_tenant, f"{where}: limits.max_queued_per_tenant", 1),
+        max_queued=None if total is None else _int(total, f"{where}: limits.max_queued", 1),
+        max_queue_s=None if wait_s is None else float(wait_s),
     ).to_dict()
     generated: dict[str, str] = {}
     tenants = []
@@ -169,6 +180,10 @@ def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
         default_max_tokens=_int(raw.get("default_max_tokens", 256), f"{where}: ingress.default_max_tokens", 1),
         max_model_len=_int(raw.get("max_model_len", 4096), f"{where}: ingress.max_model_len", 2),
     )
+
+
+def _optional_int(value: Any, what: str) -> int | None:
+    return None if value is None else _int(value, what, 1)
 
 
 def _int(value: Any, what: str, minimum: int) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from dispatcher.core import FairScheduler, SchedulerConfig
+from dispatcher.core import REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.tickets import TicketFields, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
@@ -80,6 +80,7 @@ class DispatcherService:
         self._pending: dict[str, asyncio.Future[Placement]] = {}
         self._links: dict[str, _WorkerLink] = {}
         self._server: grpc.aio.Server | None = None
+        self._expiry: asyncio.TimerHandle | None = None
         self.address = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -93,6 +94,8 @@ class DispatcherService:
         return self.address
 
     async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
         for link in self._links.values():
             link.outbox.put_nowait(None)
         if self._server is not None:
@@ -105,8 +108,10 @@ class DispatcherService:
         reason = self.scheduler.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
         if reason is not None:
             raise Rejected(reason)
-        future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Placement] = loop.create_future()
         self._pending[request_id] = future
+        self._schedule_expiry()
         self._assign()
         try:
             return await future
@@ -138,6 +143,22 @@ class DispatcherService:
         return data
 
     # ------------------------------------------------------------------ internals
+
+    def _schedule_expiry(self) -> None:
+        """While anything waits, sweep for requests queued too long, a tenth of the limit apart."""
+        limit = self.scheduler.config.max_queue_s
+        if limit is not None and self._expiry is None:
+            self._expiry = asyncio.get_running_loop().call_later(min(1.0, limit / 10), self._expire)
+
+    def _expire(self) -> None:
+        """Requests that waited longer than the configured maximum are refused (503, retry later)."""
+        self._expiry = None
+        for request_id in self.scheduler.expire(self._clock()):
+            future = self._pending.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_exception(Rejected(REJECT_QUEUE_TIMEOUT))
+        if self.scheduler.queue_depth():
+            self._schedule_expiry()
 
     def _assign(self) -> None:
         now = self._clock()

@@ -54,6 +54,7 @@ def deploy(
     max_body_bytes: int = 65536,
     max_model_len: int = 4096,
     vllm: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
@@ -61,6 +62,7 @@ def deploy(
     raw = {
         "model": vllm["model"] if vllm is not None else "fairgate-sim",
         "policy": policy,
+        "limits": limits or {},
         "workers": {
             **engine,
             "count": workers,

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from dispatcher.core import (
+    REJECT_QUEUE_FULL,
     REJECT_RATE_LIMITED,
+    REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
     FairScheduler,
     LinearCost,
@@ -304,3 +306,39 @@ def test_snapshot_is_json_and_restores_every_table():
 def test_unknown_or_malformed_policy_names(bad):
     with pytest.raises(ValueError):
         parse_policy(bad)
+
+
+def test_queue_caps_refuse_per_tenant_and_in_total():
+    s = make(max_queued_per_tenant=2, max_queued=3)
+    assert s.submit("a1", "A", 10, 10, 0.0) is None
+    assert s.submit("a2", "A", 10, 10, 0.0) is None
+    assert s.submit("a3", "A", 10, 10, 0.0) == REJECT_TENANT_QUEUE_FULL
+    assert s.submit("b1", "B", 10, 10, 0.0) is None
+    assert s.submit("c1", "C", 10, 10, 0.0) == REJECT_QUEUE_FULL
+    assert s.stats()["tenants"]["A"]["rejected"] == 1 and s.queue_depth() == 3
+    s.worker_join("w", kv_tokens=1000, free_tokens=1000)
+    run_to_completion(s)
+    assert s.submit("a3", "A", 10, 10, 1.0) is None  # room again once the queue drained
+
+
+def test_expire_withdraws_only_requests_waiting_too_long_and_keeps_the_lift_rule():
+    s = make(max_queue_s=5.0)
+    s.submit("a1", "A", 10, 10, 0.0)
+    s.submit("b1", "B", 10, 10, 1.0)
+    s.submit("a2", "A", 10, 10, 3.0)
+    assert s.expire(4.9) == []
+    assert s.expire(6.0) == ["a1", "b1"]
+    assert s.queue_depth() == 1 and s.waiting_tenants() == ["A"]
+    assert s.stats()["tenants"]["A"]["counter"] == 0 and s.stats()["tenants"]["A"]["service"] == 0
+    s.worker_join("w", kv_tokens=1000, free_tokens=1000)
+    assert run_to_completion(s, 7.0) == ["a2"]  # dispatched before it expired: never withdrawn
+    assert s.expire(100.0) == []
+
+
+def test_expiry_survives_a_snapshot():
+    s = make(max_queue_s=5.0)
+    s.submit("a1", "A", 10, 10, 0.0)
+    s.submit("a2", "A", 10, 10, 4.0)
+    restored = FairScheduler.from_snapshot(json.loads(json.dumps(s.snapshot())))
+    assert restored.config.max_queue_s == 5.0
+    assert restored.expire(6.0) == ["a1"] and restored.queue_depth() == 1

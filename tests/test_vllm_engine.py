@@ -5,6 +5,7 @@ for the module (starting one takes ~30 s here)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -64,10 +65,14 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engine():
+    # vLLM's front end runs in this process; after the rest of the suite its heap is large, and the
+    # cyclic GC's pauses would slow the engine during some measurements and not others.
+    gc.freeze()
     e = Engine()
     yield e
     e.run(e.runner.stop())
     e.loop.close()
+    gc.unfreeze()
 
 
 def _blocks(tokens: int) -> int:

@@ -6,7 +6,10 @@ from dispatcher.core.policies import POLICY_NAMES, Policy, parse_policy
 from dispatcher.core.predictors import MovingAveragePredictor, NoPredictor, OraclePredictor
 from dispatcher.core.scheduler import (
     FINISH_WORKER_LOST,
+    REJECT_QUEUE_FULL,
+    REJECT_QUEUE_TIMEOUT,
     REJECT_RATE_LIMITED,
+    REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
     Assignment,
     FairScheduler,
@@ -18,7 +21,10 @@ from dispatcher.core.workers import WorkerSlot, WorkerTable
 __all__ = [
     "FINISH_WORKER_LOST",
     "POLICY_NAMES",
+    "REJECT_QUEUE_FULL",
+    "REJECT_QUEUE_TIMEOUT",
     "REJECT_RATE_LIMITED",
+    "REJECT_TENANT_QUEUE_FULL",
     "REJECT_TOO_LARGE",
     "Assignment",
     "CostFunction",

@@ -22,6 +22,9 @@ from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 REJECT_RATE_LIMITED = "rate_limited"
 REJECT_TOO_LARGE = "too_large"
+REJECT_TENANT_QUEUE_FULL = "tenant_queue_full"
+REJECT_QUEUE_FULL = "queue_full"
+REJECT_QUEUE_TIMEOUT = "queue_timeout"
 FINISH_WORKER_LOST = "worker_lost"
 SNAPSHOT_VERSION = 1
 
@@ -35,6 +38,8 @@ class SchedulerConfig:
     ``output_reserve_cap``: KV tokens reserved for output per request; None reserves the full
     ``max_tokens`` (no engine preemption can happen), a number caps the reserve.
     ``max_engine_waiting``: at most this many requests assigned to a worker but not yet running.
+    ``max_queued_per_tenant`` / ``max_queued``: caps on requests waiting (one tenant's / everyone's);
+    ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
     """
 
     policy: Policy = field(default_factory=lambda: Policy("vtc"))
@@ -44,6 +49,9 @@ class SchedulerConfig:
     output_reserve_cap: int | None = None
     max_engine_waiting: int = 8
     seed: int = 0
+    max_queued_per_tenant: int | None = None
+    max_queued: int | None = None
+    max_queue_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("policy", "cost")}
@@ -62,6 +70,9 @@ class SchedulerConfig:
             output_reserve_cap=data.get("output_reserve_cap"),
             max_engine_waiting=int(data.get("max_engine_waiting", 8)),
             seed=int(data.get("seed", 0)),
+            max_queued_per_tenant=_optional(data.get("max_queued_per_tenant"), int),
+            max_queued=_optional(data.get("max_queued"), int),
+            max_queue_s=_optional(data.get("max_queue_s"), float),
         )
 
 
@@ -97,7 +108,8 @@ class FairScheduler:
             (lambda name: tenants[name].counter) if self._by_counter else (lambda name: tenants[name].queue[0].seq)
         )
         self._in_flight: dict[str, Request] = {}
-        self._queued_ids: set[str] = set()
+        self._queued_ids: dict[str, str] = {}  # queued request id -> its tenant
+        self._arrivals: deque[tuple[float, str]] = deque()  # (arrival, id), kept only with max_queue_s
         self._last_left: str | None = None
         self._next_seq = 0
         self.dropped: list[tuple[Request, str]] = []
@@ -142,6 +154,13 @@ class FairScheduler:
         if self.policy.rpm_limit is not None and not self._admit_rate(t, now):
             t.rejected += 1
             return REJECT_RATE_LIMITED
+        config = self.config
+        if config.max_queued_per_tenant is not None and len(t.queue) >= config.max_queued_per_tenant:
+            t.rejected += 1
+            return REJECT_TENANT_QUEUE_FULL
+        if config.max_queued is not None and len(self._queued_ids) >= config.max_queued:
+            t.rejected += 1
+            return REJECT_QUEUE_FULL
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
         self._next_seq += 1
         if not t.queue:
@@ -151,7 +170,9 @@ class FairScheduler:
         else:
             t.queue.append(req)
         t.queued_tokens += prompt_tokens + max_tokens
-        self._queued_ids.add(request_id)
+        self._queued_ids[request_id] = tenant
+        if config.max_queue_s is not None:
+            self._arrivals.append((now, request_id))
         return None
 
     def assign(self, now: float) -> list[Assignment]:
@@ -264,18 +285,33 @@ class FairScheduler:
     def cancel(self, request_id: str) -> bool:
         """Withdraw a request still waiting in its queue (client gone). In-flight ones are aborted at
         their worker, whose finish event settles them."""
-        if request_id not in self._queued_ids:
+        tenant = self._queued_ids.get(request_id)
+        if tenant is None:
             return False
-        for t in self.tenants.values():
-            for req in t.queue:
-                if req.id == request_id:
-                    was_head = t.queue[0] is req
-                    t.queue.remove(req)
-                    t.queued_tokens -= req.prompt_tokens + req.max_tokens
-                    self._queued_ids.discard(request_id)
-                    self._after_queue_change(t, was_head)
-                    return True
+        t = self.tenants[tenant]
+        for req in t.queue:
+            if req.id == request_id:
+                was_head = t.queue[0] is req
+                t.queue.remove(req)
+                t.queued_tokens -= req.prompt_tokens + req.max_tokens
+                del self._queued_ids[request_id]
+                self._after_queue_change(t, was_head)
+                return True
         return False
+
+    def expire(self, now: float) -> list[str]:
+        """Withdraw the requests that have waited longer than ``max_queue_s``; returns their ids.
+        Each tenant's queue is in arrival order, so an expiring request is at its queue's head."""
+        limit = self.config.max_queue_s
+        if limit is None:
+            return []
+        expired: list[str] = []
+        arrivals = self._arrivals
+        while arrivals and arrivals[0][0] <= now - limit:
+            _, request_id = arrivals.popleft()
+            if self.cancel(request_id):
+                expired.append(request_id)
+        return expired
 
     def worker_join(
         self, worker_id: str, kv_tokens: int, max_running: int | None = None, free_tokens: int | None = None
@@ -305,7 +341,7 @@ class FairScheduler:
             req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
             t.queue.appendleft(req)
             t.queued_tokens += req.prompt_tokens + req.max_tokens
-            self._queued_ids.add(req.id)
+            self._queued_ids[req.id] = t.name
             self._waiting.push(t.name, self._key(t))
             requeued.append(req.id)
         requeued.reverse()
@@ -381,13 +417,16 @@ class FairScheduler:
         for row in data["tenants"]:
             t = Tenant.from_state(row)
             sched.tenants[t.name] = t
-            sched._queued_ids.update(r.id for r in t.queue)
+            sched._queued_ids.update((r.id, t.name) for r in t.queue)
         sched._in_flight = {r["id"]: Request(**r) for r in data["in_flight"]}
         sched._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
         sched._next_seq = int(data["next_seq"])
         sched._last_left = data["last_left"]
         sched.workers.restore(data["workers"])
         sched.predictor.restore(data["predictor"])
+        if sched.config.max_queue_s is not None:
+            queued = sorted((r.arrival, r.id) for t in sched.tenants.values() for r in t.queue)
+            sched._arrivals.extend(queued)
         return sched
 
     # --------------------------------------------------------------- internals
@@ -429,7 +468,7 @@ class FairScheduler:
     def _dispatch(self, t: Tenant, slot: WorkerSlot, now: float, at_top: bool) -> Request:
         """Start ``t``'s oldest request on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
         req = t.queue.popleft()
-        self._queued_ids.discard(req.id)
+        self._queued_ids.pop(req.id, None)
         n_p = req.prompt_tokens
         t.queued_tokens -= n_p + req.max_tokens
         predicted = self._predict(t.name, req.max_tokens, req.true_output) if self._predict else 0
@@ -505,7 +544,7 @@ class FairScheduler:
         req = t.queue.popleft()
         t.queued_tokens -= req.prompt_tokens + req.max_tokens
         t.rejected += 1
-        self._queued_ids.discard(req.id)
+        self._queued_ids.pop(req.id, None)
         self._after_queue_change(t, True)
         self.dropped.append((req, reason))
 
@@ -517,3 +556,7 @@ class FairScheduler:
             if slot is not None:
                 return t, slot
         return None
+
+
+def _optional(value: Any, kind: type) -> Any:
+    return None if value is None else kind(value)
