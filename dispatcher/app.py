@@ -23,12 +23,13 @@ def gateway_dict(config: GatewayConfig) -> dict[str, Any]:
         "ingress": dataclasses.asdict(config.ingress),
         "workers": dataclasses.asdict(config.workers),
         "tenants": [dataclasses.asdict(t) for t in config.tenants],
+        "admin_key_hash": config.admin_key_hash,
     }
 
 
 def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
     g = gateway_dict(config)
-    dispatcher = {"scheduler": g["scheduler"], "tenants": [(t["name"], t["weight"]) for t in g["tenants"]]}
+    dispatcher = {"scheduler": g["scheduler"], "tenants": g["tenants"]}
     workers = WorkerReplica.options(
         num_replicas=config.workers.count,
         ray_actor_options={"num_cpus": 0, "num_gpus": config.workers.num_gpus},

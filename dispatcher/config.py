@@ -7,6 +7,7 @@ header or body field a client sends can change who it is or how much it weighs.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from dataclasses import dataclass, field
 from importlib import resources
@@ -18,6 +19,8 @@ import yaml
 from dispatcher.core import SchedulerConfig, cost_from_spec, parse_policy
 from workers.engine import StepTimeModel
 from workers.vllm_engine.settings import VllmSettings
+
+ADMIN = "(admin)"  # where load_config reports a generated admin key
 
 
 class ConfigError(ValueError):
@@ -58,6 +61,22 @@ class GatewayConfig:
     workers: WorkerSettings
     ingress: IngressSettings
     tenants: tuple[TenantConfig, ...]
+    admin_key_hash: str = ""
+
+
+def secret_from_env(name: str) -> str | None:
+    """A secret from the environment: ``NAME`` itself, or the file named by ``NAME_FILE`` (as mounted
+    from a Kubernetes Secret). None when neither is set."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {name}_FILE {path}: {exc.strerror or exc}") from None
+    return None
 
 
 def hash_key(api_key: str) -> str:
@@ -127,12 +146,20 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
         raise ConfigError(f"{where}: at least one tenant is needed")
     if len({t.name for t in tenants}) != len(tenants) or len({t.key_hash for t in tenants}) != len(tenants):
         raise ConfigError(f"{where}: tenant names and API keys must be unique")
+    admin_key = secret_from_env("FAIRGATE_ADMIN_KEY") or raw.get("admin_api_key")
+    if admin_key is None:
+        admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)
+    elif not isinstance(admin_key, str) or len(admin_key) < 16:
+        raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least 16 characters")
+    if hash_key(admin_key) in {t.key_hash for t in tenants}:
+        raise ConfigError(f"{where}: the admin key must differ from every tenant's key")
     return GatewayConfig(
         model=str(raw.get("model", "fairgate-sim")),
         scheduler=scheduler,
         workers=parse_workers(raw.get("workers") or {}, where),
         ingress=_ingress(raw.get("ingress") or {}, where),
         tenants=tuple(tenants),
+        admin_key_hash=hash_key(admin_key),
     ), generated
 
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from dispatcher.actor import get_or_create_dispatcher
+from dispatcher.admin_api import KeyCache, is_admin_key, tenant_change
 from dispatcher.config import hash_key
 from dispatcher.generation import Outcome, WorkerChannels, WorkerLost, stream_text
 from dispatcher.openai_api import (
@@ -38,6 +39,14 @@ from fairgate.rpc import fairgate_pb2 as pb
 app = FastAPI(title="fairgate", version="0.1.0")
 
 
+# defined before the deployment class: Serve serializes the class when it is decorated
+def _bearer(request: Request) -> str:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    return key.strip()
+
+
 @app.exception_handler(ApiError)
 async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
@@ -55,10 +64,9 @@ class Ingress:
         self._limits = gateway["ingress"]
         self._prompts = prompts_for(gateway["workers"])
         self._max_model_len = context_limit(gateway)
-        self._tenant_of_key_hash = {t["key_hash"]: t["name"] for t in gateway["tenants"]}
-        self._dispatcher = get_or_create_dispatcher(
-            app_name, gateway["scheduler"], [(t["name"], t["weight"]) for t in gateway["tenants"]], secret
-        )
+        self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
+        self._admin_key_hash = gateway.get("admin_key_hash", "")
+        self._dispatcher = get_or_create_dispatcher(app_name, gateway["scheduler"], gateway["tenants"], secret)
         self._channels = WorkerChannels()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
 
@@ -70,7 +78,7 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
-        self._tenant(request)
+        await self._tenant(request)
         return {
             "object": "list",
             "data": [{"id": self._model, "object": "model", "created": 0, "owned_by": "fairgate"}],
@@ -84,10 +92,49 @@ class Ingress:
     async def chat_completions(self, request: Request):
         return await self._serve(request, chat=True)
 
+    # ------------------------------------------------------------------ admin API (admin key only)
+
+    @app.get("/admin/tenants")
+    async def admin_list(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return {"object": "list", "data": await self._dispatcher.list_tenants.remote()}
+
+    @app.post("/admin/tenants", status_code=201)
+    async def admin_create(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        name, weight, key = tenant_change(await self._json_body(request), creating=True)
+        row = await self._change("create", name or "", key, weight)
+        return {**row, "api_key": key}  # shown once: only its hash is kept
+
+    @app.patch("/admin/tenants/{name}")
+    async def admin_update(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        _, weight, key = tenant_change(await self._json_body(request), creating=False)
+        return await self._change("update", name, key, weight)
+
+    @app.delete("/admin/tenants/{name}")
+    async def admin_delete(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return await self._change("delete", name, None, None)
+
+    @app.get("/admin/stats")
+    async def admin_stats(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return await self._dispatcher.stats.remote()
+
+    async def _change(self, action: str, name: str, key: str | None, weight: float | None) -> dict[str, Any]:
+        key_hash = None if key is None else hash_key(key)
+        result = await self._dispatcher.change_tenant.remote(action, name, key_hash, weight)
+        if "error" in result:
+            status, message = result["error"]
+            raise ApiError(status, message, code={404: "not_found", 409: "conflict"}.get(status, "invalid_request"))
+        self._keys.forget_tenant(name)
+        return result
+
     # ------------------------------------------------------------------ one request
 
     async def _serve(self, request: Request, chat: bool):
-        tenant = self._tenant(request)
+        tenant = await self._tenant(request)
         body = await self._json_body(request)
         req = parse_body(ChatRequest if chat else CompletionRequest, body)
         if req.model != self._model:
@@ -205,15 +252,28 @@ class Ingress:
 
     # ------------------------------------------------------------------ input
 
-    def _tenant(self, request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        tenant = self._tenant_of_key_hash.get(hash_key(key.strip()))
+    async def _tenant(self, request: Request) -> str:
+        tenant = await self._owner(_bearer(request))
         if tenant is None:
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
         return tenant
+
+    async def _owner(self, key: str) -> str | None:
+        """The tenant an API key belongs to (the dispatcher's registry, cached for a few seconds)."""
+        key_hash = hash_key(key)
+        found, tenant = self._keys.get(key_hash)
+        if not found:
+            tenant = await self._dispatcher.lookup_key.remote(key_hash)
+            self._keys.put(key_hash, tenant)
+        return tenant
+
+    async def _admin(self, request: Request) -> None:
+        key = _bearer(request)
+        if is_admin_key(key, self._admin_key_hash):
+            return
+        if await self._owner(key) is not None:
+            raise ApiError(403, "this API key may not use the admin API", type_="permission_error", code="forbidden")
+        raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
     async def _json_body(self, request: Request) -> Any:
         limit = self._limits["max_body_bytes"]

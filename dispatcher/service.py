@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from dispatcher.core import REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
-from dispatcher.tickets import TicketFields, sign
+from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
 
@@ -222,7 +222,9 @@ class DispatcherService:
             s.worker_drain(worker_id)
         return worker_id
 
-    async def _serve_worker(self, messages: AsyncIterator[pb.WorkerMessage]) -> AsyncIterator[pb.DispatcherMessage]:
+    async def _serve_worker(
+        self, messages: AsyncIterator[pb.WorkerMessage], token: str = ""
+    ) -> AsyncIterator[pb.DispatcherMessage]:
         outbox: asyncio.Queue[pb.DispatcherMessage | None] = asyncio.Queue()
         worker: list[str] = []
 
@@ -232,6 +234,10 @@ class DispatcherService:
                     if not worker:
                         if msg.WhichOneof("kind") != "hello":
                             log.warning("dispatcher: a worker stream began without hello; closing it")
+                            return
+                        problem = check_worker_token(self._secret, msg.hello.worker_id, token, self._clock())
+                        if problem is not None:
+                            log.warning("dispatcher: refused worker %r: %s", msg.hello.worker_id, problem)
                             return
                         wid = self._apply("", msg) or ""
                         worker.append(wid)
@@ -269,5 +275,6 @@ class _DispatcherServicer(rpc.DispatcherServicer):
         self.service = service
 
     async def Connect(self, request_iterator, context):
-        async for message in self.service._serve_worker(request_iterator):
+        token = dict(context.invocation_metadata() or ()).get(WORKER_AUTH_HEADER, "")
+        async for message in self.service._serve_worker(request_iterator, token):
             yield message

@@ -1,6 +1,7 @@
 """Assignment tickets: the dispatcher signs (request id, tenant, worker, expiry) with the cluster
 secret; a worker generates nothing without a valid ticket that names it. No one can skip the queue by
-calling a worker directly."""
+calling a worker directly. Workers in turn prove they hold the secret when they connect to the
+dispatcher (``worker_token``), so nothing else can pose as a worker and be sent requests."""
 
 from __future__ import annotations
 
@@ -38,3 +39,28 @@ def check(secret: bytes, fields: TicketFields, signature: bytes, worker_id: str,
     if now > fields.expires_at:
         return "ticket expired"
     return None
+
+
+WORKER_AUTH_HEADER = "x-fairgate-worker-auth"
+MAX_CLOCK_SKEW_S = 300.0
+
+
+def worker_token(secret: bytes, worker_id: str, now: float) -> str:
+    """What a worker sends when it connects: a timestamp and an HMAC of (worker id, timestamp)."""
+    stamp = f"{now:.0f}"
+    return f"{stamp}.{_worker_mac(secret, worker_id, stamp)}"
+
+
+def check_worker_token(secret: bytes, worker_id: str, token: str, now: float) -> str | None:
+    """None when ``token`` proves the cluster secret for ``worker_id`` and is recent, else why not."""
+    stamp, _, mac = token.partition(".")
+    if not stamp.isdigit() or not hmac.compare_digest(_worker_mac(secret, worker_id, stamp), mac):
+        return "bad worker credentials"
+    if abs(now - int(stamp)) > MAX_CLOCK_SKEW_S:
+        return "worker credentials too old"
+    return None
+
+
+def _worker_mac(secret: bytes, worker_id: str, stamp: str) -> str:
+    message = f"worker:{len(worker_id)}:{worker_id}:{stamp}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import secrets
 import signal
 import threading
 from typing import Any
 
-from dispatcher.config import ConfigError, GatewayConfig, load_config, parse_workers
+from dispatcher.config import ADMIN, ConfigError, GatewayConfig, load_config, parse_workers, secret_from_env
 from dispatcher.core import parse_policy
 
 
@@ -28,7 +27,7 @@ class ServeOverrides:
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
-    secret = os.environ.get("FAIRGATE_CLUSTER_SECRET") or secrets.token_hex(32)
+    secret = secret_from_env("FAIRGATE_CLUSTER_SECRET") or secrets.token_hex(32)  # else one per run
 
     from ray import serve
 
@@ -43,8 +42,8 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
         f"policy {parse_policy(config.scheduler['policy']['name']).name})"
     )
     for name, key in generated_keys.items():
-        print(f"  tenant {name}: api key {key}")
-    if not generated_keys:
+        print(f"  admin api key (for /admin) {key}" if name == ADMIN else f"  tenant {name}: api key {key}")
+    if not [n for n in generated_keys if n != ADMIN]:
         print("  tenants and keys: as in the configuration file")
     print("Ctrl-C stops it.", flush=True)
     stop = threading.Event()

@@ -26,6 +26,7 @@ class Gateway:
     config: GatewayConfig
     secret: str
     raw: dict[str, Any]
+    admin_key: str = ""
 
     def stats(self) -> dict[str, Any]:
         actor = ray.get_actor(dispatcher_name(self.name), namespace="fairgate")
@@ -58,6 +59,7 @@ def deploy(
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
+    admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
     raw = {
         "model": vllm["model"] if vllm is not None else "fairgate-sim",
@@ -77,11 +79,12 @@ def deploy(
         },
         "ingress": {"max_body_bytes": max_body_bytes, "max_model_len": max_model_len, "default_max_tokens": 16},
         "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
+        "admin_api_key": admin_key,
     }
     config, _ = parse_config(raw)
     secret = secrets.token_hex(16)
     serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")
-    return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw)
+    return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw, admin_key)
 
 
 # ----------------------------------------------------------------------------- load

@@ -212,3 +212,35 @@ def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
         await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_only_a_worker_holding_the_cluster_secret_can_attach():
+    async def scenario():
+        service = DispatcherService(SchedulerConfig(), SECRET)
+        address = await service.start()
+        impostor = Worker("impostor", address, b"some-other-secret", SimulatedRunner(SimulatedEngine(100, FAST)))
+        await impostor.start()
+        honest = Worker("honest", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
+        await honest.start()
+        while "honest" not in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # the impostor kept trying meanwhile
+        assert list(service.scheduler.workers.slots) == ["honest"]
+        placements = [await service.submit(f"r{i}", "A", 10, 5) for i in range(3)]
+        assert {p.worker_id for p in placements} == {"honest"}
+        await impostor.stop()
+        await honest.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_worker_credentials_are_bound_to_the_worker_and_expire():
+    from dispatcher.tickets import check_worker_token, worker_token
+
+    token = worker_token(SECRET, "w1", 1000.0)
+    assert check_worker_token(SECRET, "w1", token, 1010.0) is None
+    assert check_worker_token(SECRET, "w2", token, 1010.0) == "bad worker credentials"
+    assert check_worker_token(b"other", "w1", token, 1010.0) == "bad worker credentials"
+    assert check_worker_token(SECRET, "w1", token, 5000.0) == "worker credentials too old"
+    assert check_worker_token(SECRET, "w1", "", 1000.0) == "bad worker credentials"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from dispatcher.tickets import TicketFields, check
+from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check, worker_token
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
 from workers.engine import StepReport
@@ -115,7 +115,10 @@ class Worker:
         while not self._stopped.is_set():
             try:
                 async with grpc.aio.insecure_channel(self.dispatcher_address) as channel:
-                    call = rpc.DispatcherStub(channel).Connect(self._messages())
+                    token = worker_token(self._secret, self.worker_id, time.time())
+                    call = rpc.DispatcherStub(channel).Connect(
+                        self._messages(), metadata=((WORKER_AUTH_HEADER, token),)
+                    )
                     async for msg in call:
                         self._on_dispatcher_message(msg)
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
