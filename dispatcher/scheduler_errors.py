@@ -15,15 +15,40 @@ RETRY_AFTER_S = 60
 BUSY_RETRY_AFTER_S = 5
 
 
+# reason -> (status, message, error type, code, Retry-After seconds or None)
+_REJECTIONS: dict[str, tuple[int, str, str, str, int | None]] = {
+    REJECT_RATE_LIMITED: (
+        429,
+        "rate limit reached for this tenant's requests per minute",
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        RETRY_AFTER_S,
+    ),
+    REJECT_TENANT_QUEUE_FULL: (
+        429,
+        "too many of this tenant's requests are already waiting; retry after some finish",
+        "rate_limit_error",
+        "tenant_queue_full",
+        BUSY_RETRY_AFTER_S,
+    ),
+    REJECT_QUEUE_FULL: (
+        503,
+        "the gateway's queue is full; retry later",
+        "server_error",
+        "queue_full",
+        BUSY_RETRY_AFTER_S,
+    ),
+    REJECT_QUEUE_TIMEOUT: (
+        503,
+        "the request waited longer than the gateway's maximum queueing time; retry later",
+        "server_error",
+        "queue_timeout",
+        BUSY_RETRY_AFTER_S,
+    ),
+}
+
+
 def rejection_error(reason: str) -> ApiError:
-    if reason == REJECT_RATE_LIMITED:
-        return ApiError(
-            429,
-            "rate limit reached for this tenant's requests per minute",
-            type_="rate_limit_error",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
     if reason == REJECT_TOO_LARGE:
         return ApiError(
             400,
@@ -31,25 +56,8 @@ def rejection_error(reason: str) -> ApiError:
             param="max_tokens",
             code="context_length_exceeded",
         )
-    if reason == REJECT_TENANT_QUEUE_FULL:
-        return ApiError(
-            429,
-            "too many of this tenant's requests are already waiting; retry after some finish",
-            type_="rate_limit_error",
-            code="tenant_queue_full",
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
-        )
-    if reason in (REJECT_QUEUE_FULL, REJECT_QUEUE_TIMEOUT):
-        message = (
-            "the gateway's queue is full"
-            if reason == REJECT_QUEUE_FULL
-            else "the request waited longer than the gateway's maximum queueing time"
-        )
-        return ApiError(
-            503,
-            f"{message}; retry later",
-            type_="server_error",
-            code=reason,
-            headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
-        )
-    return ApiError(503, f"request refused: {reason}", type_="server_error", code=reason)
+    status, message, type_, code, retry = _REJECTIONS.get(
+        reason, (503, f"request refused: {reason}", "server_error", reason, None)
+    )
+    headers = None if retry is None else {"Retry-After": str(retry)}
+    return ApiError(status, message, type_=type_, code=code, headers=headers)

@@ -120,7 +120,6 @@ class VllmRunner:
         else:
             prompt, tokenization = TokensPrompt(prompt_token_ids=list(params.prompt)), None
         self._active.add(request_id)
-        pending = self._pending
         prompt_tokens = generated = 0
         finished = False
         try:
