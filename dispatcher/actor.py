@@ -2,43 +2,99 @@
 
 Every queued request is one pending ``submit`` call on this actor, so ``max_concurrency`` is far above
 the largest queue accepted. Whoever needs the dispatcher first (ingress or worker replica) creates it;
-the others find it by name.
+the others find it by name. Ray restarts it when its process dies: the new instance reloads tenants and
+counters from the state store (Redis when configured), workers re-attach and re-announce what they run,
+and ingress replicas ask again for the requests that were waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 from typing import Any
 
 import ray
 
 from dispatcher.core import SchedulerConfig
 from dispatcher.service import DispatcherService, Rejected
+from dispatcher.state_store import StateStore, open_store
 from dispatcher.tenant_registry import TenantError, TenantRegistry
 
+log = logging.getLogger(__name__)
+
 MAX_PENDING_CALLS = 100_000
+FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-announced its requests
+
+
+def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
+    """The part of the gateway configuration the dispatcher is created from."""
+    return {"scheduler": gateway["scheduler"], "tenants": gateway["tenants"], "state": gateway.get("state") or {}}
 
 
 @ray.remote(num_cpus=0)
 class DispatcherActor:
-    def __init__(self, scheduler: dict[str, Any], tenants: list[dict[str, Any]], secret: str) -> None:
-        self._service = DispatcherService(SchedulerConfig.from_dict(scheduler), secret.encode())
+    def __init__(self, app: str, settings: dict[str, Any], secret: str) -> None:
+        self._app = app
+        self._settings = settings
+        self._service = DispatcherService(SchedulerConfig.from_dict(settings["scheduler"]), secret.encode())
+        self._registry = TenantRegistry([])
+        self._store: StateStore | None = None
+        self._started: asyncio.Task[str] | None = None
+        self._saver: asyncio.Task[None] | None = None
+
+    async def _ready(self) -> str:
+        """Load durable state and start the gRPC service, once; every call waits for it."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self._start())
+        return await asyncio.shield(self._started)
+
+    async def _start(self) -> str:
+        state = self._settings["state"]
+        self._store = await open_store(state, self._app)
+        tenants = await self._store.load_tenants(list(self._settings["tenants"]))
+        scheduler = self._service.scheduler
+        saved = await self._store.load_state()
+        if saved is not None:
+            scheduler.restore_durable(saved)
+            log.warning("dispatcher: continuing from saved counters of %d tenants", len(saved["tenants"]))
         self._registry = TenantRegistry(tenants)
         for t in tenants:
-            self._service.scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
-        self._started: asyncio.Task[str] | None = None
+            scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
+        address = await self._service.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
+        self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
+        return address
+
+    async def _save_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.persist()
+
+    async def persist(self) -> bool:
+        """Write the durable state now (also called at shutdown). False when the store failed."""
+        if self._store is None:
+            return False
+        try:
+            await self._store.save_state(self._service.scheduler.durable_state())
+            return True
+        except Exception as exc:  # serving goes on; the next interval tries again
+            log.warning("dispatcher: could not save state: %s", exc)
+            return False
 
     async def address(self) -> str:
-        """The Dispatcher gRPC service's address (started on first use, on loopback)."""
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self._service.start("127.0.0.1", 0))
-        return await self._started
+        """The Dispatcher gRPC service's address (on loopback; it changes when the actor restarts)."""
+        return await self._ready()
 
-    async def submit(self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
+    async def submit(
+        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool = False
+    ) -> dict[str, Any]:
         """Resolves when the request is assigned: where to run it and the signed ticket."""
-        await self.address()
+        await self._ready()
         try:
-            p = await self._service.submit(request_id, tenant, prompt_tokens, max_tokens)
+            p = await self._service.submit(request_id, tenant, prompt_tokens, max_tokens, retry=retry)
         except Rejected as exc:
             return {"rejected": exc.reason}
         t = p.ticket
@@ -55,22 +111,33 @@ class DispatcherActor:
         }
 
     async def abort(self, request_id: str) -> None:
+        await self._ready()
         self._service.abort(request_id)
 
     async def drain(self, worker_id: str) -> None:
+        await self._ready()
         self._service.drain(worker_id)
 
     async def stats(self) -> dict[str, Any]:
+        await self._ready()
         return self._service.stats()
+
+    async def process(self) -> dict[str, Any]:
+        """This actor's process: its pid (for chaos tests) and resident memory in bytes (for soaks)."""
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"pid": os.getpid(), "rss_bytes": rss}
 
     # ------------------------------------------------------------------ tenants (ingress and admin API)
 
     async def lookup_key(self, key_hash: str) -> str | None:
         """The tenant owning an API key's hash, or None."""
+        await self._ready()
         return self._registry.lookup(key_hash)
 
     async def list_tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its weight, counter, exact service and queue (never a key or its hash)."""
+        await self._ready()
         counters = self._service.scheduler.stats()["tenants"]
         return [
             {"name": name, **counters.get(name, {"weight": self._registry.get(name).weight})}
@@ -78,7 +145,11 @@ class DispatcherActor:
         ]
 
     async def change_tenant(self, action: str, name: str, key_hash: str | None = None, weight: float | None = None):
-        """create / update / delete; returns the tenant's row, or {"error": (status, message)}."""
+        """create / update / delete, saved to the store before it counts; returns the tenant's row, or
+        {"error": (status, message)}."""
+        await self._ready()
+        assert self._store is not None
+        before = self._registry.records()
         try:
             if action == "create":
                 self._registry.create(name, key_hash or "", 1.0 if weight is None else weight)
@@ -86,25 +157,48 @@ class DispatcherActor:
                 self._registry.update(name, weight=weight, key_hash=key_hash)
             elif action == "delete":
                 self._registry.delete(name)  # its counters stay: re-creating the name gains no credit
-                return {"name": name, "deleted": True}
             else:
                 raise TenantError(400, f"unknown action {action!r}")
+            record = self._registry.get(name)
+            if record is None:
+                await self._store.delete_tenant(name)
+            else:
+                await self._store.put_tenant(record.to_dict())
         except TenantError as exc:
             return {"error": [exc.status, str(exc)]}
-        record = self._registry.get(name)
+        except Exception as exc:  # the store failed: the change does not happen
+            self._registry = TenantRegistry(before)
+            log.warning("dispatcher: could not save a tenant change: %s", exc)
+            return {"error": [503, "the tenant change could not be saved; retry later"]}
+        if record is None:
+            return {"name": name, "deleted": True}
         self._service.scheduler.add_tenant(name, record.weight)  # the next dispatch uses the new weight
         return next(row for row in await self.list_tenants() if row["name"] == name)
+
+    async def shutdown(self) -> None:
+        """Save the state one last time and close the store (``fairgate serve`` calls it on exit)."""
+        if self._saver is not None:
+            self._saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saver
+        await self.persist()
+        await self._service.stop()
+        if self._store is not None:
+            await self._store.close()
 
 
 def dispatcher_name(app: str) -> str:
     return f"fairgate-dispatcher-{app}"
 
 
-def get_or_create_dispatcher(app: str, scheduler: dict[str, Any], tenants: list[dict[str, Any]], secret: str):
+def get_or_create_dispatcher(app: str, gateway: dict[str, Any], secret: str):
+    """The app's dispatcher (``gateway``: the gateway's plain configuration, or ``dispatcher_settings``).
+    Ray restarts it whenever its process dies."""
     return DispatcherActor.options(
         name=dispatcher_name(app),
         namespace="fairgate",
         get_if_exists=True,
         lifetime="detached",
         max_concurrency=MAX_PENDING_CALLS,
-    ).remote(scheduler, tenants, secret)
+        max_restarts=-1,
+    ).remote(app, dispatcher_settings(gateway), secret)

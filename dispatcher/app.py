@@ -9,6 +9,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from dispatcher.actor import dispatcher_settings
 from dispatcher.config import GatewayConfig
 from dispatcher.ingress import Ingress
 from dispatcher.loopback import ray_environment
@@ -24,12 +25,13 @@ def gateway_dict(config: GatewayConfig) -> dict[str, Any]:
         "workers": dataclasses.asdict(config.workers),
         "tenants": [dataclasses.asdict(t) for t in config.tenants],
         "admin_key_hash": config.admin_key_hash,
+        "state": dataclasses.asdict(config.state),
     }
 
 
 def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
     g = gateway_dict(config)
-    dispatcher = {"scheduler": g["scheduler"], "tenants": g["tenants"]}
+    dispatcher = dispatcher_settings(g)
     workers = WorkerReplica.options(
         num_replicas=config.workers.count,
         ray_actor_options={"num_cpus": 0, "num_gpus": config.workers.num_gpus},

@@ -55,6 +55,16 @@ class IngressSettings:
 
 
 @dataclass(frozen=True)
+class StateSettings:
+    """Where durable state lives: in memory (None, the default) or Redis (``FAIRGATE_REDIS_URL`` wins)."""
+
+    redis_url: str | None = None
+    key_prefix: str = "fairgate"
+    snapshot_interval_s: float = 1.0
+    connect_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     model: str
     scheduler: dict[str, Any]  # SchedulerConfig.to_dict(), plain data so it travels through Ray
@@ -62,6 +72,7 @@ class GatewayConfig:
     ingress: IngressSettings
     tenants: tuple[TenantConfig, ...]
     admin_key_hash: str = ""
+    state: StateSettings = field(default_factory=StateSettings)
 
 
 def secret_from_env(name: str) -> str | None:
@@ -160,6 +171,7 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
         ingress=_ingress(raw.get("ingress") or {}, where),
         tenants=tuple(tenants),
         admin_key_hash=hash_key(admin_key),
+        state=_state(raw.get("state") or {}, where),
     ), generated
 
 
@@ -207,6 +219,24 @@ def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
         default_max_tokens=_int(raw.get("default_max_tokens", 256), f"{where}: ingress.default_max_tokens", 1),
         max_model_len=_int(raw.get("max_model_len", 4096), f"{where}: ingress.max_model_len", 2),
     )
+
+
+def _state(raw: dict[str, Any], where: str) -> StateSettings:
+    if not isinstance(raw, dict) or set(raw) - {"redis_url", "key_prefix", "snapshot_interval_s", "connect_timeout_s"}:
+        raise ConfigError(f"{where}: state takes redis_url, key_prefix, snapshot_interval_s and connect_timeout_s")
+    url = secret_from_env("FAIRGATE_REDIS_URL") or raw.get("redis_url")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://"))):
+        raise ConfigError(f"{where}: state.redis_url must be a redis://, rediss:// or unix:// URL")
+    times = {}
+    for name, default in (("snapshot_interval_s", 1.0), ("connect_timeout_s", 60.0)):
+        value = raw.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"{where}: state.{name} must be a positive number of seconds, got {value!r}")
+        times[name] = float(value)
+    prefix = raw.get("key_prefix", "fairgate")
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"{where}: state.key_prefix must be a non-empty string")
+    return StateSettings(url or None, prefix, **times)
 
 
 def _optional_int(value: Any, what: str) -> int | None:

@@ -6,6 +6,7 @@ gone, stop string found) cancels the gRPC call, and the worker aborts the reques
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    received: bool = False  # the worker sent something: the request must not run anywhere else
 
 
 class WorkerChannels:
@@ -39,6 +41,12 @@ class WorkerChannels:
         if channel is None:
             channel = self._channels[address] = grpc.aio.insecure_channel(address)
         return rpc.WorkerStub(channel)
+
+    def forget(self, address: str) -> None:
+        """Drop the channel to a worker that failed (closed in the background)."""
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            asyncio.get_running_loop().create_task(channel.close())
 
     async def close(self) -> None:
         for channel in self._channels.values():
@@ -59,6 +67,7 @@ async def stream_text(
     keep = max((len(s) for s in stops), default=1) - 1
     try:
         async for chunk in call:
+            outcome.received = True
             outcome.prompt_tokens = chunk.prompt_tokens
             outcome.completion_tokens = chunk.completion_tokens
             held += chunk.text

@@ -16,6 +16,7 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
 
 from dispatcher.actor import get_or_create_dispatcher
 from dispatcher.admin_api import KeyCache, is_admin_key, tenant_change
@@ -38,6 +39,9 @@ from fairgate.rpc import fairgate_pb2 as pb
 
 app = FastAPI(title="fairgate", version="0.1.0")
 
+DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
+MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
+
 
 # defined before the deployment class: Serve serializes the class when it is decorated
 def _bearer(request: Request) -> str:
@@ -45,6 +49,17 @@ def _bearer(request: Request) -> str:
     if scheme.lower() != "bearer" or not key.strip():
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
     return key.strip()
+
+
+def _ticket(placement: dict[str, Any]) -> pb.Ticket:
+    t = placement["ticket"]
+    return pb.Ticket(
+        request_id=t["request_id"],
+        tenant=t["tenant"],
+        worker_id=t["worker_id"],
+        expires_at=t["expires_at"],
+        signature=placement["signature"],
+    )
 
 
 @app.exception_handler(ApiError)
@@ -66,7 +81,7 @@ class Ingress:
         self._max_model_len = context_limit(gateway)
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._admin_key_hash = gateway.get("admin_key_hash", "")
-        self._dispatcher = get_or_create_dispatcher(app_name, gateway["scheduler"], gateway["tenants"], secret)
+        self._dispatcher = get_or_create_dispatcher(app_name, gateway, secret)
         self._channels = WorkerChannels()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
 
@@ -154,15 +169,7 @@ class Ingress:
             )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         placement = await self._submit(rid, tenant, prompt_tokens, max_tokens)
-        t = placement["ticket"]
         grpc_request = pb.GenerateRequest(
-            ticket=pb.Ticket(
-                request_id=t["request_id"],
-                tenant=t["tenant"],
-                worker_id=t["worker_id"],
-                expires_at=t["expires_at"],
-                signature=placement["signature"],
-            ),
             prompt=prompt,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
@@ -176,7 +183,7 @@ class Ingress:
             final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
         )
         outcome = Outcome()
-        text = stream_text(self._channels, placement["address"], grpc_request, req.stop_strings(), outcome)
+        text = self._generate(tenant, placement, grpc_request, req.stop_strings(), outcome)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             events = self._sse(rid, chat, text, outcome, include_usage)
@@ -189,16 +196,59 @@ class Ingress:
             await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
         return self._whole_response(rid, chat, content, outcome)
 
-    async def _submit(self, rid: str, tenant: str, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
-        ref = self._dispatcher.submit.remote(rid, tenant, prompt_tokens, max_tokens)
-        try:
-            placement = await ref
-        except asyncio.CancelledError:  # the client left while queued: withdraw the request
-            ray.cancel(ref)
-            raise
+    async def _submit(
+        self, rid: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool = False
+    ) -> dict[str, Any]:
+        """Queue the request; returns its placement. Asked again after a dispatcher restart with the
+        same id and ``retry`` set, so it never runs twice."""
+        args = (rid, tenant, prompt_tokens, max_tokens)
+        placement = await self._ask_dispatcher("submit", (*args, retry), again=(*args, True))
         if "rejected" in placement:
             raise rejection_error(placement["rejected"])
         return placement
+
+    async def _ask_dispatcher(self, method: str, args: tuple[Any, ...], again: tuple[Any, ...] | None = None) -> Any:
+        """Call the dispatcher, waiting out a restart (up to ``DISPATCHER_WAIT_S``) and asking again with
+        ``again`` (default: the same arguments). Cancelling the call cancels it at the dispatcher."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DISPATCHER_WAIT_S
+        delay = 0.1
+        while True:
+            ref = getattr(self._dispatcher, method).remote(*args)
+            try:
+                return await ref
+            except asyncio.CancelledError:  # e.g. the client left while queued: withdraw the request
+                ray.cancel(ref)
+                raise
+            except RayActorError:
+                if loop.time() >= deadline:
+                    raise rejection_error("dispatcher_unavailable") from None
+                args = again or args
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def _generate(
+        self, tenant: str, placement: dict[str, Any], request: pb.GenerateRequest, stops: list[str], outcome: Outcome
+    ) -> AsyncIterator[str]:
+        """Stream the text from the assigned worker. A worker lost before it sent anything (crashed,
+        unreachable, ticket refused): the dispatcher places the request again, same id, at the head of
+        its tenant's queue. Once anything arrived, a lost worker ends the request with an error."""
+        rid = placement["ticket"]["request_id"]
+        for attempt in range(MAX_PLACEMENTS):
+            request.ticket.CopyFrom(_ticket(placement))
+            text = stream_text(self._channels, placement["address"], request, stops, outcome)
+            try:
+                async for piece in text:
+                    yield piece
+                return
+            except WorkerLost:
+                self._channels.forget(placement["address"])  # a replaced worker never comes back there
+                if outcome.received or attempt + 1 == MAX_PLACEMENTS:
+                    raise
+            finally:
+                await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+            await asyncio.sleep(0.05 * 2**attempt)
+            placement = await self._submit(rid, tenant, request.prompt_tokens, request.max_tokens, retry=True)
 
     async def _sse(
         self, rid: str, chat: bool, text: AsyncIterator[str], outcome: Outcome, include_usage: bool
@@ -229,6 +279,8 @@ class Ingress:
                 yield event(envelope(rid, obj, model, created, [], usage=tokens))
         except WorkerLost as exc:
             yield event(ApiError(502, str(exc), type_="server_error", code="worker_failed").body())
+        except ApiError as exc:  # placing it again after its worker was lost failed
+            yield event(exc.body())
         finally:
             await text.aclose()  # type: ignore[attr-defined]
         yield "data: [DONE]\n\n"
@@ -263,7 +315,7 @@ class Ingress:
         key_hash = hash_key(key)
         found, tenant = self._keys.get(key_hash)
         if not found:
-            tenant = await self._dispatcher.lookup_key.remote(key_hash)
+            tenant = await self._ask_dispatcher("lookup_key", (key_hash,))
             self._keys.put(key_hash, tenant)
         return tenant
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dispatcher.core import (
+    FINISH_WORKER_LOST,
     REJECT_QUEUE_FULL,
     REJECT_QUEUE_TIMEOUT,
     REJECT_RATE_LIMITED,
@@ -43,6 +44,20 @@ _REJECTIONS: dict[str, tuple[int, str, str, str, int | None]] = {
         "the request waited longer than the gateway's maximum queueing time; retry later",
         "server_error",
         "queue_timeout",
+        BUSY_RETRY_AFTER_S,
+    ),
+    FINISH_WORKER_LOST: (
+        502,
+        "the worker running this request failed; it was stopped",
+        "server_error",
+        "worker_failed",
+        None,
+    ),
+    "dispatcher_unavailable": (
+        503,
+        "the dispatcher is restarting and did not come back in time; retry later",
+        "server_error",
+        "dispatcher_unavailable",
         BUSY_RETRY_AFTER_S,
     ),
 }

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from dispatcher.core import REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
+from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
@@ -78,6 +78,8 @@ class DispatcherService:
         self._ttl = ticket_ttl_s
         self._clock = clock
         self._pending: dict[str, asyncio.Future[Placement]] = {}
+        # requests put back in their queues when their worker died, waiting for their caller to ask again
+        self._orphans: dict[str, asyncio.Future[Placement]] = {}
         self._links: dict[str, _WorkerLink] = {}
         self._server: grpc.aio.Server | None = None
         self._expiry: asyncio.TimerHandle | None = None
@@ -103,22 +105,49 @@ class DispatcherService:
 
     # ------------------------------------------------------------------ ingress API
 
-    async def submit(self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int) -> Placement:
-        """Queue a request; return once the core assigns it. Cancelling the call withdraws it."""
-        reason = self.scheduler.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
-        if reason is not None:
-            raise Rejected(reason)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Placement] = loop.create_future()
-        self._pending[request_id] = future
-        self._schedule_expiry()
-        self._assign()
+    async def submit(
+        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, *, retry: bool = False
+    ) -> Placement:
+        """Queue a request; return once the core assigns it. Cancelling the call withdraws it.
+
+        ``retry``: the caller asks again for a request it submitted before, with the same id, because
+        its worker could not be reached or the dispatcher restarted. A request put back in its queue
+        keeps its place; one still assigned but never started goes back to the head of its queue; one
+        this dispatcher does not know is queued afresh. Never two copies of one request."""
+        future = self._orphans.pop(request_id, None) if retry else None
+        if future is None:
+            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry)
         try:
             return await future
         except asyncio.CancelledError:
             if self._pending.pop(request_id, None) is not None:
                 self.scheduler.cancel(request_id)
             raise
+
+    def _queue(
+        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool
+    ) -> asyncio.Future[Placement]:
+        s = self.scheduler
+        known = s.in_flight().get(request_id)
+        if retry and known is not None:
+            if known.started:  # it runs: its caller lost the stream, so stop it there
+                self.abort(request_id)
+                raise Rejected(FINISH_WORKER_LOST)
+            s.requeue(request_id)
+        elif retry and s.was_lost(request_id):  # it had started on a worker that died: never twice
+            raise Rejected(FINISH_WORKER_LOST)
+        elif not (retry and s.is_queued(request_id)):
+            reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
+            if reason is not None:
+                raise Rejected(reason)
+        stale = self._pending.get(request_id)
+        if stale is not None and not stale.done():
+            stale.cancel()
+        future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self._schedule_expiry()
+        self._assign()
+        return future
 
     def abort(self, request_id: str) -> None:
         """The client of an assigned request is gone: stop it on its worker."""
@@ -139,6 +168,7 @@ class DispatcherService:
             link = self._links.get(row["id"])
             row["address"] = link.address if link else ""
         data["pending_submits"] = len(self._pending)
+        data["orphans"] = len(self._orphans)
         data["dispatcher_id"] = self.id
         return data
 
@@ -154,6 +184,7 @@ class DispatcherService:
         """Requests that waited longer than the configured maximum are refused (503, retry later)."""
         self._expiry = None
         for request_id in self.scheduler.expire(self._clock()):
+            self._orphans.pop(request_id, None)
             future = self._pending.pop(request_id, None)
             if future is not None and not future.done():
                 future.set_exception(Rejected(REJECT_QUEUE_TIMEOUT))
@@ -191,6 +222,7 @@ class DispatcherService:
 
     def _expire_unstarted(self, request_id: str) -> None:
         """An assignment whose ticket expired before its worker started it frees its reservation."""
+        self._orphans.pop(request_id, None)
         req = self.scheduler.in_flight().get(request_id)
         if req is not None and not req.started:
             self.abort(request_id)
@@ -204,9 +236,15 @@ class DispatcherService:
         if kind == "hello":
             h = msg.hello
             s.worker_join(h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens))
+            for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
+                s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens)
             return h.worker_id
         if kind == "report":
             r = msg.report
+            in_flight = s.in_flight()
+            for st in r.started:  # assigned by a dispatcher before a restart: adopt it
+                if st.request_id not in in_flight and st.tenant:
+                    s.adopt(worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0)
             s.on_report(
                 worker_id,
                 {t.request_id: t.tokens for t in r.new_tokens},
@@ -267,6 +305,10 @@ class DispatcherService:
                     left = self.scheduler.worker_leave(wid)
                     if left.lost:
                         log.warning("dispatcher: worker %s left with %d running requests", wid, len(left.lost))
+                    loop = asyncio.get_running_loop()
+                    for rid in left.requeued:  # kept for their callers, who will ask again (retry)
+                        future = self._orphans[rid] = loop.create_future()
+                        self._pending[rid] = future
                     self._assign()
 
 

@@ -47,6 +47,9 @@ class TenantRegistry:
     def names(self) -> list[str]:
         return list(self._by_name)
 
+    def records(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self._by_name.values()]
+
     def create(self, name: str, key_hash: str, weight: float) -> TenantRecord:
         if not _NAME.match(name or ""):
             raise TenantError(400, "tenant names are 1-64 letters, digits, '_', '.', '-', starting alphanumeric")

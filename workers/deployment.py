@@ -5,6 +5,7 @@ generation)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray import serve
@@ -41,10 +42,14 @@ def make_runner(workers: dict[str, Any]) -> EngineRunner:
 )
 class WorkerReplica:
     async def __init__(self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str) -> None:
-        actor = get_or_create_dispatcher(app, dispatcher["scheduler"], dispatcher["tenants"], secret)
-        address = await actor.address.remote()
+        actor = get_or_create_dispatcher(app, dispatcher, secret)
+        await actor.address.remote()
+
+        async def locate() -> str:  # asked again after every lost stream: a restarted dispatcher moves
+            return await actor.address.remote()
+
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        self.worker = Worker(worker_id, address, secret.encode(), make_runner(workers))
+        self.worker = Worker(worker_id, locate, secret.encode(), make_runner(workers))
         await self.worker.start()
 
     async def check_health(self) -> None:
@@ -53,7 +58,9 @@ class WorkerReplica:
             raise RuntimeError(f"{self.worker.worker_id}: the engine has failed")
 
     async def info(self) -> dict[str, Any]:
-        return {"worker_id": self.worker.worker_id, "address": self.worker.address}
+        """Who this replica is; ``generated``: how many times each request id was generated here."""
+        w = self.worker
+        return {"worker_id": w.worker_id, "address": w.address, "pid": os.getpid(), "generated": dict(w.generated)}
 
     async def __del__(self) -> None:
         await self.worker.drain()

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +27,8 @@ from workers.runner import EngineRunner, GenerationParams
 
 log = logging.getLogger(__name__)
 
+GENERATED_KEPT = 50_000
+
 
 @dataclass
 class _Running:
@@ -32,27 +36,36 @@ class _Running:
 
     tenant: str
     prompt_tokens: int
-    generated: int = 0
+    max_tokens: int
+    reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
 
 
 class Worker:
+    """``dispatcher``: the dispatcher's address, or a coroutine function that finds it (its address
+    changes when it restarts). Lost streams are re-opened with exponential backoff and jitter."""
+
     def __init__(
         self,
         worker_id: str,
-        dispatcher_address: str,
+        dispatcher: str | Callable[[], Awaitable[str]],
         secret: bytes,
         runner: EngineRunner,
         *,
         host: str = "127.0.0.1",
         reconnect_s: float = 0.2,
+        max_reconnect_s: float = 3.0,
     ) -> None:
         self.worker_id = worker_id
-        self.dispatcher_address = dispatcher_address
+        self._locate = dispatcher if callable(dispatcher) else None
+        self.dispatcher_address = "" if callable(dispatcher) else dispatcher
         self.runner = runner
         self._secret = secret
         self._host = host
         self._reconnect_s = reconnect_s
+        self._max_reconnect_s = max_reconnect_s
         self._running: dict[str, _Running] = {}
+        # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
+        self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
         self._draining = False
         self._released = asyncio.Event()
@@ -102,7 +115,14 @@ class Worker:
     # ------------------------------------------------------------------ engine
 
     def _on_step(self, report: StepReport) -> None:
-        self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report)))
+        running = self._running
+        for rid, n in report.started.items():
+            if rid in running:
+                running[rid].prompt_tokens = n
+        for rid, k in report.new_tokens.items():
+            if rid in running:
+                running[rid].reported += k
+        self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
 
     def release(self, request_id: str) -> None:
         """The dispatcher aborted the request: stop generating for it (its stream ends with 'abort')."""
@@ -112,25 +132,40 @@ class Worker:
     # ------------------------------------------------------------------ dispatcher stream
 
     async def _dispatcher_loop(self) -> None:
+        delay = self._reconnect_s
         while not self._stopped.is_set():
+            welcomed = False
             try:
+                if self._locate is not None:
+                    self.dispatcher_address = await self._locate()
                 async with grpc.aio.insecure_channel(self.dispatcher_address) as channel:
                     token = worker_token(self._secret, self.worker_id, time.time())
                     call = rpc.DispatcherStub(channel).Connect(
                         self._messages(), metadata=((WORKER_AUTH_HEADER, token),)
                     )
                     async for msg in call:
+                        welcomed = welcomed or msg.WhichOneof("kind") == "welcome"
                         self._on_dispatcher_message(msg)
-            except (grpc.aio.AioRpcError, ConnectionError) as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # gRPC errors, or the dispatcher actor restarting
                 log.info("worker %s: dispatcher stream ended: %s", self.worker_id, exc)
             if self._stopped.is_set():
                 return
             if self._draining:  # the dispatcher is gone: nothing more can be on its way here
                 self._released.set()
                 return
-            await asyncio.sleep(self._reconnect_s)
+            delay = self._reconnect_s if welcomed else min(self._max_reconnect_s, delay * 2)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
     async def _messages(self) -> AsyncIterator[pb.WorkerMessage]:
+        # Reports not yet sent are dropped: the hello re-announces every running request with all the
+        # tokens reported so far, so a dispatcher charges each token once.
+        stopping = False
+        while not self._outbox.empty():
+            stopping = stopping or self._outbox.get_nowait() is None
+        if stopping:
+            return
         yield pb.WorkerMessage(hello=self._hello())
         if self._draining:
             yield pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining"))
@@ -142,7 +177,13 @@ class Worker:
 
     def _hello(self) -> pb.Hello:
         running = [
-            pb.RunningRequest(request_id=rid, tenant=s.tenant, prompt_tokens=s.prompt_tokens, output_tokens=s.generated)
+            pb.RunningRequest(
+                request_id=rid,
+                tenant=s.tenant,
+                prompt_tokens=s.prompt_tokens,
+                output_tokens=s.reported,
+                max_tokens=s.max_tokens,
+            )
             for rid, s in self._running.items()
         ]
         return pb.Hello(
@@ -187,22 +228,30 @@ class _WorkerServicer(rpc.WorkerServicer):
             ignore_eos=request.ignore_eos,
             templated=request.templated,
         )
-        running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens)
+        w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
+        if len(w.generated) > GENERATED_KEPT:
+            w.generated.popitem(last=False)
+        w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
         deltas = w.runner.generate(t.request_id, params)
         held: list[str] = []  # final_only: the text so far, sent once at the end
+        first = True
         try:
             async for delta in deltas:
-                running.prompt_tokens, running.generated = delta.prompt_tokens, delta.completion_tokens
                 if request.final_only and not delta.finish_reason:
                     held.append(delta.text)
-                    continue
+                    if not first:
+                        continue
+                    text = ""  # the first chunk only says "it started here" (then it must not run elsewhere)
+                else:
+                    text = "".join([*held, delta.text])
+                    held.clear()
+                first = False
                 yield pb.GenerateChunk(
-                    text="".join([*held, delta.text]),
+                    text=text,
                     completion_tokens=delta.completion_tokens,
                     prompt_tokens=delta.prompt_tokens,
                     finish_reason=delta.finish_reason or "",
                 )
-                held.clear()
                 if delta.finish_reason:
                     return
         finally:
@@ -210,9 +259,14 @@ class _WorkerServicer(rpc.WorkerServicer):
             w._running.pop(t.request_id, None)
 
 
-def _report_message(report: StepReport) -> pb.StepReport:
+def _report_message(report: StepReport, running: dict[str, _Running]) -> pb.StepReport:
+    started = []
+    for rid, n in report.started.items():
+        r = running.get(rid)
+        tenant, max_tokens = (r.tenant, r.max_tokens) if r else ("", 0)
+        started.append(pb.Started(request_id=rid, prompt_tokens=n, tenant=tenant, max_tokens=max_tokens))
     return pb.StepReport(
-        started=[pb.Started(request_id=rid, prompt_tokens=n) for rid, n in report.started.items()],
+        started=started,
         new_tokens=[pb.TokenCount(request_id=rid, tokens=k) for rid, k in report.new_tokens.items()],
         finished=[
             pb.Finished(request_id=f.id, output_tokens=f.output_tokens, reason=f.reason) for f in report.finished

@@ -112,6 +112,7 @@ class FairScheduler:
         self._arrivals: deque[tuple[float, str]] = deque()  # (arrival, id), kept only with max_queue_s
         self._last_left: str | None = None
         self._next_seq = 0
+        self._settled: dict[str, tuple[int, int, int]] = {}  # id -> (prompt, output, charged output)
         self.dropped: list[tuple[Request, str]] = []
 
     # ----------------------------------------------------------------- tenants
@@ -324,28 +325,84 @@ class FairScheduler:
 
     def worker_leave(self, worker_id: str) -> LeaveResult:
         """A worker is gone. Requests it had not started go back to the head of their queues, their
-        dispatch charge refunded; requests that had started end as lost."""
+        dispatch charge refunded; requests that had started end as lost (what they were charged is kept,
+        so that the worker re-announcing them after a broken stream charges only what is new)."""
         self.workers.leave(worker_id)
         mine = sorted((r for r in self._in_flight.values() if r.worker == worker_id), key=lambda r: -r.seq)
         requeued: list[str] = []
         lost: list[str] = []
         for req in mine:
+            if not req.started:
+                self.requeue(req.id)
+                requeued.append(req.id)
+                continue
             t = self.tenants[req.tenant]
             del self._in_flight[req.id]
             t.in_flight -= 1
-            if req.started:
-                t.finished += 1
-                lost.append(req.id)
-                continue
-            self._refund_dispatch(t, req)
-            req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
-            t.queue.appendleft(req)
-            t.queued_tokens += req.prompt_tokens + req.max_tokens
-            self._queued_ids[req.id] = t.name
-            self._waiting.push(t.name, self._key(t))
-            requeued.append(req.id)
+            t.finished += 1
+            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output)
+            lost.append(req.id)
         requeued.reverse()
         return LeaveResult(requeued, lost)
+
+    def requeue(self, request_id: str) -> bool:
+        """An assigned request that never started (its worker died, or its caller could not reach the
+        worker) goes back to the head of its tenant's queue with its dispatch charge refunded."""
+        req = self._in_flight.get(request_id)
+        if req is None or req.started:
+            return False
+        t = self.tenants[req.tenant]
+        del self._in_flight[request_id]
+        t.in_flight -= 1
+        self._release(req)
+        self._refund_dispatch(t, req)
+        req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
+        if not t.queue:
+            t.queue.appendleft(req)
+            self._waiting.push(t.name, self._key(t))
+        else:
+            t.queue.appendleft(req)
+            if not self._by_counter:
+                self._waiting.push(t.name, self._key(t))
+        t.queued_tokens += req.prompt_tokens + req.max_tokens
+        self._queued_ids[req.id] = t.name
+        return True
+
+    def adopt(
+        self, worker_id: str, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, output_tokens: int
+    ) -> bool:
+        """A worker announces a running request this scheduler does not track (after a dispatcher
+        restart, or a worker's stream that broke). It is taken into the tables and charged what it has
+        consumed beyond what was charged for it before (``restore_durable`` / ``worker_leave``)."""
+        slot = self.workers.get(worker_id)
+        if slot is None or request_id in self._in_flight:
+            return False
+        if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
+            self.cancel(request_id)
+        t = self.tenants.get(tenant) or self.add_tenant(tenant)
+        total = self.cost.total
+        before_p, before_out, before_charged = self._settled.pop(request_id, (0, 0, 0))
+        if before_p or before_out or before_charged:
+            served_before = total(before_p, before_out)
+            charged_before = total(before_p, before_charged)
+        else:
+            served_before = charged_before = 0.0
+        charged = max(output_tokens, before_charged)
+        t.service += total(prompt_tokens, output_tokens) - served_before
+        t.counter += (total(prompt_tokens, charged) - charged_before) / t.weight
+        t.output_tokens += max(0, output_tokens - before_out)
+        need = self._need(prompt_tokens, max(max_tokens, output_tokens, 1))
+        req = Request(request_id, tenant, prompt_tokens, max(max_tokens, output_tokens, 1), 0.0, self._next_seq, need)
+        self._next_seq += 1
+        req.worker, req.started = worker_id, True
+        req.output_tokens, req.charged_output = output_tokens, charged
+        slot.committed += need
+        slot.in_flight += 1
+        t.in_flight += 1
+        self._in_flight[request_id] = req
+        if self._by_counter and t.queue:
+            self._waiting.push(t.name, t.counter)
+        return True
 
     # ------------------------------------------------------------------ views
 
@@ -354,6 +411,13 @@ class FairScheduler:
 
     def waiting_tenants(self) -> list[str]:
         return list(self._waiting)
+
+    def was_lost(self, request_id: str) -> bool:
+        """Whether the request had started on a worker that left (it must not run a second time)."""
+        return request_id in self._settled
+
+    def is_queued(self, request_id: str) -> bool:
+        return request_id in self._queued_ids
 
     def queue_depth(self) -> int:
         return len(self._queued_ids)
@@ -407,7 +471,55 @@ class FairScheduler:
             "last_left": self._last_left,
             "workers": self.workers.snapshot(),
             "predictor": self.predictor.snapshot(),
+            "settled": [[rid, *row] for rid, row in self._settled.items()],
         }
+
+    def durable_state(self) -> dict[str, Any]:
+        """What a restarted dispatcher needs to continue fairly (counters, last-left tenant, predictor,
+        and what each running request was charged), without the queues and workers: after a restart
+        queued requests come back from their callers and running ones from their workers (``adopt``)."""
+        tenants = {
+            t.name: {k: v for k, v in t.state().items() if k not in ("queue", "in_flight", "admitted_at")}
+            for t in self.tenants.values()
+        }
+        total = self.cost.total
+        for r in self._in_flight.values():
+            if not r.started:  # counted as if refunded: it starts later (adopted) or is submitted again
+                row = tenants[r.tenant]
+                row["service"] -= total(r.prompt_tokens, 0)
+                row["counter"] -= total(r.prompt_tokens, r.charged_output) / row["weight"]
+        return {
+            "version": SNAPSHOT_VERSION,
+            "tenants": list(tenants.values()),
+            "charged": [
+                [r.id, r.prompt_tokens, r.output_tokens, r.charged_output]
+                for r in self._in_flight.values()
+                if r.started
+            ]
+            + [[rid, *row] for rid, row in self._settled.items()],
+            "next_seq": self._next_seq,
+            "last_left": self._last_left,
+            "predictor": self.predictor.snapshot(),
+        }
+
+    def restore_durable(self, data: Mapping[str, Any]) -> None:
+        """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported state version {data.get('version')!r}")
+        if self._in_flight or self._queued_ids:
+            raise ValueError("restore_durable needs a scheduler with nothing queued or in flight")
+        for row in data["tenants"]:
+            t = Tenant.from_state({**row, "queue": [], "in_flight": 0, "admitted_at": None})
+            self.tenants[t.name] = t
+        self._settled = {rid: (int(p), int(out), int(charged)) for rid, p, out, charged in data["charged"]}
+        self._next_seq = int(data["next_seq"])
+        last = data["last_left"]
+        self._last_left = last if last in self.tenants else None
+        self.predictor.restore(data["predictor"])
+
+    def forget_settled(self) -> None:
+        """Drop what was kept for re-announcements (once every worker has had time to re-attach)."""
+        self._settled.clear()
 
     @classmethod
     def from_snapshot(cls, data: Mapping[str, Any]) -> FairScheduler:
@@ -424,6 +536,7 @@ class FairScheduler:
         sched._last_left = data["last_left"]
         sched.workers.restore(data["workers"])
         sched.predictor.restore(data["predictor"])
+        sched._settled = {rid: (int(p), int(o), int(c)) for rid, p, o, c in data.get("settled", [])}
         if sched.config.max_queue_s is not None:
             queued = sorted((r.arrival, r.id) for t in sched.tenants.values() for r in t.queue)
             sched._arrivals.extend(queued)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61irgate/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\x96\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"b\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\"\xd6\x01\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\"4\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xb9\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x42\x06\n\x04kind\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"f\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"\xfe\x01\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x10\n\x08has_seed\x18\x08 \x01(\x08\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x11\n\ttemplated\x18\x0b \x01(\x08\x12\x12\n\nfinal_only\x18\x0c \x01(\x08\"f\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t2W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x32P\n\x06Worker\x12\x46\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1a.fairgate.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x61irgate/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\x96\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"v\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\"\xd6\x01\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\"X\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xb9\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x42\x06\n\x04kind\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"f\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"\xfe\x01\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x0c\n\x04seed\x18\x07 \x01(\x03\x12\x10\n\x08has_seed\x18\x08 \x01(\x08\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x11\n\ttemplated\x18\x0b \x01(\x08\x12\x12\n\nfinal_only\x18\x0c \x01(\x08\"f\n\rGenerateChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t2W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x32P\n\x06Worker\x12\x46\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1a.fairgate.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,35 +36,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=192
   _globals['_HELLO']._serialized_end=342
   _globals['_RUNNINGREQUEST']._serialized_start=344
-  _globals['_RUNNINGREQUEST']._serialized_end=442
-  _globals['_STEPREPORT']._serialized_start=445
-  _globals['_STEPREPORT']._serialized_end=659
-  _globals['_STARTED']._serialized_start=661
-  _globals['_STARTED']._serialized_end=713
-  _globals['_TOKENCOUNT']._serialized_start=715
-  _globals['_TOKENCOUNT']._serialized_end=763
-  _globals['_FINISHED']._serialized_start=765
-  _globals['_FINISHED']._serialized_end=834
-  _globals['_GOODBYE']._serialized_start=836
-  _globals['_GOODBYE']._serialized_end=861
-  _globals['_DISPATCHERMESSAGE']._serialized_start=864
-  _globals['_DISPATCHERMESSAGE']._serialized_end=1049
-  _globals['_WELCOME']._serialized_start=1051
-  _globals['_WELCOME']._serialized_end=1083
-  _globals['_DRAIN']._serialized_start=1085
-  _globals['_DRAIN']._serialized_end=1092
-  _globals['_RELEASED']._serialized_start=1094
-  _globals['_RELEASED']._serialized_end=1104
-  _globals['_ABORT']._serialized_start=1106
-  _globals['_ABORT']._serialized_end=1133
-  _globals['_TICKET']._serialized_start=1135
-  _globals['_TICKET']._serialized_end=1237
-  _globals['_GENERATEREQUEST']._serialized_start=1240
-  _globals['_GENERATEREQUEST']._serialized_end=1494
-  _globals['_GENERATECHUNK']._serialized_start=1496
-  _globals['_GENERATECHUNK']._serialized_end=1598
-  _globals['_DISPATCHER']._serialized_start=1600
-  _globals['_DISPATCHER']._serialized_end=1687
-  _globals['_WORKER']._serialized_start=1689
-  _globals['_WORKER']._serialized_end=1769
+  _globals['_RUNNINGREQUEST']._serialized_end=462
+  _globals['_STEPREPORT']._serialized_start=465
+  _globals['_STEPREPORT']._serialized_end=679
+  _globals['_STARTED']._serialized_start=681
+  _globals['_STARTED']._serialized_end=769
+  _globals['_TOKENCOUNT']._serialized_start=771
+  _globals['_TOKENCOUNT']._serialized_end=819
+  _globals['_FINISHED']._serialized_start=821
+  _globals['_FINISHED']._serialized_end=890
+  _globals['_GOODBYE']._serialized_start=892
+  _globals['_GOODBYE']._serialized_end=917
+  _globals['_DISPATCHERMESSAGE']._serialized_start=920
+  _globals['_DISPATCHERMESSAGE']._serialized_end=1105
+  _globals['_WELCOME']._serialized_start=1107
+  _globals['_WELCOME']._serialized_end=1139
+  _globals['_DRAIN']._serialized_start=1141
+  _globals['_DRAIN']._serialized_end=1148
+  _globals['_RELEASED']._serialized_start=1150
+  _globals['_RELEASED']._serialized_end=1160
+  _globals['_ABORT']._serialized_start=1162
+  _globals['_ABORT']._serialized_end=1189
+  _globals['_TICKET']._serialized_start=1191
+  _globals['_TICKET']._serialized_end=1293
+  _globals['_GENERATEREQUEST']._serialized_start=1296
+  _globals['_GENERATEREQUEST']._serialized_end=1550
+  _globals['_GENERATECHUNK']._serialized_start=1552
+  _globals['_GENERATECHUNK']._serialized_end=1654
+  _globals['_DISPATCHER']._serialized_start=1656
+  _globals['_DISPATCHER']._serialized_end=1743
+  _globals['_WORKER']._serialized_start=1745
+  _globals['_WORKER']._serialized_end=1825
 # @@protoc_insertion_point(module_scope)

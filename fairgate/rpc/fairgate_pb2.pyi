@@ -33,16 +33,18 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_tokens: int
     output_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    max_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class StepReport(_message.Message):
     __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds")
@@ -63,12 +65,16 @@ class StepReport(_message.Message):
     def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
 
 class Started(_message.Message):
-    __slots__ = ("request_id", "prompt_tokens")
+    __slots__ = ("request_id", "prompt_tokens", "tenant", "max_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    tenant: str
+    max_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., tenant: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenCount(_message.Message):
     __slots__ = ("request_id", "tokens")

@@ -1,0 +1,116 @@
+"""Where the dispatcher keeps what must outlive it: tenants and its durable scheduler state.
+
+``MemoryStore`` (the default) keeps nothing beyond the actor's life. ``RedisStore`` keeps tenants (key
+hashes and weights, never keys) and the scheduler's durable state, so that a restarted dispatcher
+continues with the same tenants and counters. The YAML file's tenants seed an empty Redis once; after
+that Redis is the source of truth and tenants change through the admin API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class StateStore(Protocol):
+    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The tenants to start with (``seed``, the configuration's, when the store has none yet)."""
+        ...
+
+    async def put_tenant(self, record: dict[str, Any]) -> None: ...
+
+    async def delete_tenant(self, name: str) -> None: ...
+
+    async def load_state(self) -> dict[str, Any] | None: ...
+
+    async def save_state(self, state: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """No durability: tenants come from the configuration at every start, counters start at zero."""
+
+    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return list(seed)
+
+    async def put_tenant(self, record: dict[str, Any]) -> None:
+        return None
+
+    async def delete_tenant(self, name: str) -> None:
+        return None
+
+    async def load_state(self) -> dict[str, Any] | None:
+        return None
+
+    async def save_state(self, state: dict[str, Any]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisStore:
+    """Keys under ``prefix``: ``:tenants`` (hash name -> JSON record), ``:seeded`` and ``:state``."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis.asyncio as aioredis
+
+        self._redis = aioredis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        self._tenants = f"{prefix}:tenants"
+        self._seeded = f"{prefix}:seeded"
+        self._state = f"{prefix}:state"
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait for Redis to answer (it may start after the dispatcher); raise a clear error if it never does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = 0.2
+        while True:
+            try:
+                await self._redis.ping()
+                return
+            except Exception as exc:  # redis raises several connection error types
+                if loop.time() >= deadline:
+                    raise RuntimeError(f"fairgate: Redis did not answer within {timeout_s:.0f} s: {exc}") from None
+                log.warning("dispatcher: waiting for Redis: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if await self._redis.set(self._seeded, "1", nx=True):
+            if seed:
+                await self._redis.hset(self._tenants, mapping={t["name"]: json.dumps(t) for t in seed})
+            return list(seed)
+        rows = await self._redis.hgetall(self._tenants)
+        return [json.loads(v) for v in rows.values()]
+
+    async def put_tenant(self, record: dict[str, Any]) -> None:
+        await self._redis.hset(self._tenants, record["name"], json.dumps(record))
+
+    async def delete_tenant(self, name: str) -> None:
+        await self._redis.hdel(self._tenants, name)
+
+    async def load_state(self) -> dict[str, Any] | None:
+        raw = await self._redis.get(self._state)
+        return None if raw is None else json.loads(raw)
+
+    async def save_state(self, state: dict[str, Any]) -> None:
+        await self._redis.set(self._state, json.dumps(state))
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+async def open_store(settings: dict[str, Any], app: str) -> StateStore:
+    """The store the ``state`` section of the configuration asks for."""
+    url = settings.get("redis_url")
+    if not url:
+        return MemoryStore()
+    store = RedisStore(url, f"{settings.get('key_prefix') or 'fairgate'}:{app}")
+    await store.wait_ready(float(settings.get("connect_timeout_s", 60.0)))
+    return store
