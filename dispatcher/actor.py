@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import ray
 
 from dispatcher.core import SchedulerConfig
+from dispatcher.loopback import bind_host
+from dispatcher.metrics import ServiceHistory
+from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected
 from dispatcher.state_store import StateStore, open_store
 from dispatcher.tenant_registry import TenantError, TenantRegistry
@@ -30,7 +35,12 @@ FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-an
 
 def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
     """The part of the gateway configuration the dispatcher is created from."""
-    return {"scheduler": gateway["scheduler"], "tenants": gateway["tenants"], "state": gateway.get("state") or {}}
+    return {
+        "scheduler": gateway["scheduler"],
+        "tenants": gateway["tenants"],
+        "state": gateway.get("state") or {},
+        "telemetry": gateway.get("telemetry") or {},
+    }
 
 
 @ray.remote(num_cpus=0)
@@ -43,6 +53,9 @@ class DispatcherActor:
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
         self._saver: asyncio.Task[None] | None = None
+        self._history = ServiceHistory()  # per-tenant service once a second (metrics, live page)
+        self._sampler: asyncio.Task[None] | None = None
+        self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
 
     async def _ready(self) -> str:
         """Load durable state and start the gRPC service, once; every call waits for it."""
@@ -62,11 +75,34 @@ class DispatcherActor:
         self._registry = TenantRegistry(tenants)
         for t in tenants:
             scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
-        address = await self._service.start("127.0.0.1", 0)
+        address = await self._service.start(bind_host(), 0)
         loop = asyncio.get_running_loop()
         loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
+        self._sampler = loop.create_task(self._sample_every(1.0))
+        telemetry = self._settings.get("telemetry") or {}
+        if telemetry.get("otlp_endpoint"):
+            start_otlp_metrics(lambda: self._latest, int(telemetry.get("top_tenants", 20)), telemetry["otlp_endpoint"])
         return address
+
+    async def _sample_every(self, interval_s: float) -> None:
+        while True:
+            latest = self._service.telemetry()
+            self._history.add(time.time(), latest["tenants"])
+            latest["jain"] = self._history.jain(60.0)
+            self._latest = latest
+            await asyncio.sleep(interval_s)
+
+    async def telemetry(self, series_s: float = 0.0) -> dict[str, Any]:
+        """Stats, latency histograms, the gap against 2U, Jain's index over the last minute, service
+        rates over the last 10 s, and (``series_s``) the sampled history for the live page."""
+        await self._ready()
+        data = self._service.telemetry()
+        data["jain"] = self._history.jain(60.0)
+        data["rates"] = self._history.rates(10.0)
+        if series_s:
+            data["series"] = self._history.series(series_s)
+        return data
 
     async def _save_every(self, interval_s: float) -> None:
         while True:
@@ -85,7 +121,7 @@ class DispatcherActor:
             return False
 
     async def address(self) -> str:
-        """The Dispatcher gRPC service's address (on loopback; it changes when the actor restarts)."""
+        """The Dispatcher gRPC service's address (it changes when the actor restarts)."""
         return await self._ready()
 
     async def submit(
@@ -99,6 +135,7 @@ class DispatcherActor:
             return {"rejected": exc.reason}
         t = p.ticket
         return {
+            "counter": self._service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
             "worker_id": p.worker_id,
             "address": p.address,
             "ticket": {
@@ -121,6 +158,11 @@ class DispatcherActor:
     async def stats(self) -> dict[str, Any]:
         await self._ready()
         return self._service.stats()
+
+    async def demand(self) -> dict[str, Any]:
+        """Running and waiting load (read by the worker deployment's autoscaling policy)."""
+        await self._ready()
+        return dataclasses.asdict(self._service.scheduler.demand())
 
     async def process(self) -> dict[str, Any]:
         """This actor's process: its pid (for chaos tests) and resident memory in bytes (for soaks)."""

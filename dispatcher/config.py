@@ -35,6 +35,18 @@ class TenantConfig:
 
 
 @dataclass(frozen=True)
+class AutoscalingSettings:
+    """Replicas follow the dispatcher's demand between ``min_replicas`` (0: scale to zero) and
+    ``max_replicas``; a change must be wanted for ``upscale_delay_s`` / ``downscale_delay_s`` first."""
+
+    min_replicas: int = 1
+    max_replicas: int = 4
+    upscale_delay_s: float = 3.0
+    downscale_delay_s: float = 30.0
+    target_utilization: float = 0.8
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     count: int = 2
     engine: str = "simulated"
@@ -44,6 +56,9 @@ class WorkerSettings:
     step_model: dict[str, float] = field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
     vllm: dict[str, Any] = field(default_factory=dict)  # VllmSettings.to_dict(), when engine is vllm
     num_gpus: float = 0.0  # GPUs per worker replica (1 for vLLM on a GPU machine)
+    num_cpus: float = 0.0  # CPUs per worker replica (k8s cpu-sim: 1, so replicas land on worker pods)
+    autoscaling: AutoscalingSettings | None = None  # None: a fixed ``count``
+    graceful_shutdown_s: float = 600.0  # a replica scaled down finishes what it runs within this
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,17 @@ class StateSettings:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """Traces over OTLP when ``otlp_endpoint`` is set (or ``OTEL_EXPORTER_OTLP_ENDPOINT``); ``traces:
+    memory`` keeps spans in each process (tests). Metrics: Prometheus at ``/metrics``, per-tenant series
+    for the ``top_tenants`` most served tenants, the rest summed as ``other``."""
+
+    otlp_endpoint: str | None = None
+    traces: str = "off"
+    top_tenants: int = 20
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     model: str
     scheduler: dict[str, Any]  # SchedulerConfig.to_dict(), plain data so it travels through Ray
@@ -73,6 +99,7 @@ class GatewayConfig:
     tenants: tuple[TenantConfig, ...]
     admin_key_hash: str = ""
     state: StateSettings = field(default_factory=StateSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
 def secret_from_env(name: str) -> str | None:
@@ -141,7 +168,7 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
     ).to_dict()
     generated: dict[str, str] = {}
     tenants = []
-    for i, t in enumerate(raw.get("tenants") or []):
+    for i, t in enumerate(_tenant_rows(raw, where)):
         if not isinstance(t, dict) or not t.get("name"):
             raise ConfigError(f"{where}: tenants[{i}] needs a name")
         key = t.get("api_key")
@@ -172,7 +199,26 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
         tenants=tuple(tenants),
         admin_key_hash=hash_key(admin_key),
         state=_state(raw.get("state") or {}, where),
+        telemetry=_telemetry(raw.get("telemetry") or {}, where),
     ), generated
+
+
+def _tenant_rows(raw: dict[str, Any], where: str) -> list[Any]:
+    """``tenants`` inline, or ``tenants_file``: a YAML list kept apart from the rest (a mounted Secret)."""
+    path = raw.get("tenants_file")
+    if path is None:
+        return list(raw.get("tenants") or [])
+    if raw.get("tenants"):
+        raise ConfigError(f"{where}: give tenants or tenants_file, not both")
+    try:
+        rows = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read tenants_file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: tenants_file {path}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(rows, list):
+        raise ConfigError(f"{where}: tenants_file {path} must hold a list of tenants")
+    return rows
 
 
 def parse_workers(raw: dict[str, Any], where: str) -> WorkerSettings:
@@ -196,10 +242,12 @@ def parse_workers(raw: dict[str, Any], where: str) -> WorkerSettings:
             vllm = VllmSettings.from_dict(raw.get("vllm") or {}).to_dict()
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: workers.vllm: {exc}") from None
-    num_gpus = raw.get("num_gpus", 0)
-    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
-        raise ConfigError(f"{where}: workers.num_gpus must be a number >= 0, got {num_gpus!r}")
+    num_gpus, num_cpus = raw.get("num_gpus", 0), raw.get("num_cpus", 0)
+    for name, value in (("num_gpus", num_gpus), ("num_cpus", num_cpus)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"{where}: workers.{name} must be a number >= 0, got {value!r}")
     max_running = raw.get("max_running")
+    autoscaling = raw.get("autoscaling")
     return WorkerSettings(
         count=_int(raw.get("count", 2), f"{where}: workers.count", 0),
         engine=engine,
@@ -209,7 +257,38 @@ def parse_workers(raw: dict[str, Any], where: str) -> WorkerSettings:
         step_model=step_model,
         vllm=vllm,
         num_gpus=float(num_gpus),
+        num_cpus=float(num_cpus),
+        autoscaling=None if autoscaling is None else _autoscaling(autoscaling, where),
+        graceful_shutdown_s=_seconds(raw.get("graceful_shutdown_s", 600.0), f"{where}: workers.graceful_shutdown_s"),
     )
+
+
+def _autoscaling(raw: Any, where: str) -> AutoscalingSettings:
+    what = f"{where}: workers.autoscaling"
+    fields = {f for f in AutoscalingSettings.__dataclass_fields__}
+    if not isinstance(raw, dict) or set(raw) - fields:
+        raise ConfigError(f"{what} takes {', '.join(sorted(fields))}")
+    d = AutoscalingSettings()
+    low = _int(raw.get("min_replicas", d.min_replicas), f"{what}.min_replicas", 0)
+    high = _int(raw.get("max_replicas", d.max_replicas), f"{what}.max_replicas", max(1, low))
+    utilization = raw.get("target_utilization", d.target_utilization)
+    if isinstance(utilization, bool) or not isinstance(utilization, int | float) or not 0 < utilization <= 1:
+        raise ConfigError(f"{what}.target_utilization must be in (0, 1], got {utilization!r}")
+    return AutoscalingSettings(
+        min_replicas=low,
+        max_replicas=high,
+        upscale_delay_s=_seconds(raw.get("upscale_delay_s", d.upscale_delay_s), f"{what}.upscale_delay_s", zero=True),
+        downscale_delay_s=_seconds(
+            raw.get("downscale_delay_s", d.downscale_delay_s), f"{what}.downscale_delay_s", zero=True
+        ),
+        target_utilization=float(utilization),
+    )
+
+
+def _seconds(value: Any, what: str, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (value == 0 and not zero):
+        raise ConfigError(f"{what} must be a {'non-negative' if zero else 'positive'} number of seconds, got {value!r}")
+    return float(value)
 
 
 def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
@@ -219,6 +298,20 @@ def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
         default_max_tokens=_int(raw.get("default_max_tokens", 256), f"{where}: ingress.default_max_tokens", 1),
         max_model_len=_int(raw.get("max_model_len", 4096), f"{where}: ingress.max_model_len", 2),
     )
+
+
+def _telemetry(raw: dict[str, Any], where: str) -> TelemetrySettings:
+    if not isinstance(raw, dict) or set(raw) - {"otlp_endpoint", "traces", "top_tenants"}:
+        raise ConfigError(f"{where}: telemetry takes otlp_endpoint, traces and top_tenants")
+    endpoint = raw.get("otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+    if endpoint is not None and not isinstance(endpoint, str):
+        raise ConfigError(f"{where}: telemetry.otlp_endpoint must be a URL")
+    traces = raw.get("traces", "off")
+    traces = "off" if traces is False else traces  # YAML reads a bare off as false
+    if traces not in ("off", "memory"):
+        raise ConfigError(f"{where}: telemetry.traces must be off or memory, got {traces!r}")
+    top = _int(raw.get("top_tenants", 20), f"{where}: telemetry.top_tenants", 1)
+    return TelemetrySettings(endpoint, traces, top)
 
 
 def _state(raw: dict[str, Any], where: str) -> StateSettings:

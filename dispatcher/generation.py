@@ -7,7 +7,7 @@ gone, stop string found) cancels the gRPC call, and the worker aborts the reques
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -60,13 +60,18 @@ async def stream_text(
     request: pb.GenerateRequest,
     stops: list[str],
     outcome: Outcome,
+    metadata: Sequence[tuple[str, str]] = (),
+    on_first: Callable[[], None] | None = None,
 ) -> AsyncIterator[str]:
-    """Yield text deltas; ``outcome`` holds usage and the finish reason when it ends."""
-    call = channels.stub(address).Generate(request)
+    """Yield text deltas; ``outcome`` holds usage and the finish reason when it ends. ``metadata`` goes
+    with the call (trace context); ``on_first`` runs when the worker's first message arrives."""
+    call = channels.stub(address).Generate(request, metadata=tuple(metadata) or None)
     held = ""  # text that could still be the start of a stop string
     keep = max((len(s) for s in stops), default=1) - 1
     try:
         async for chunk in call:
+            if not outcome.received and on_first is not None:
+                on_first()
             outcome.received = True
             outcome.prompt_tokens = chunk.prompt_tokens
             outcome.completion_tokens = chunk.completion_tokens

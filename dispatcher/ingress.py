@@ -8,13 +8,15 @@ disconnects while streaming aborts it at the worker.
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
+from importlib import resources
 from typing import Any
 
 import ray
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError
 
@@ -22,6 +24,7 @@ from dispatcher.actor import get_or_create_dispatcher
 from dispatcher.admin_api import KeyCache, is_admin_key, tenant_change
 from dispatcher.config import hash_key
 from dispatcher.generation import Outcome, WorkerChannels, WorkerLost, stream_text
+from dispatcher.metrics import render_prometheus
 from dispatcher.openai_api import (
     ApiError,
     ChatRequest,
@@ -35,10 +38,14 @@ from dispatcher.openai_api import (
 )
 from dispatcher.prompts import context_limit, prompts_for
 from dispatcher.scheduler_errors import rejection_error
+from dispatcher.telemetry import RequestTrace, configure_tracing, finished_spans
 from fairgate.rpc import fairgate_pb2 as pb
 
 app = FastAPI(title="fairgate", version="0.1.0")
 
+DASHBOARD_HTML = resources.files("dispatcher").joinpath("dashboard.html").read_text()
+DASHBOARD_HISTORY_S = 300.0  # the live page's chart: the last five minutes
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
 
@@ -75,6 +82,7 @@ async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
 @serve.ingress(app)
 class Ingress:
     def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:
+        configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
         self._model = gateway["model"]
         self._limits = gateway["ingress"]
         self._prompts = prompts_for(gateway["workers"])
@@ -84,6 +92,8 @@ class Ingress:
         self._dispatcher = get_or_create_dispatcher(app_name, gateway, secret)
         self._channels = WorkerChannels()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
+        self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
+        self._snapshot: tuple[float, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ routes
 
@@ -106,6 +116,35 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         return await self._serve(request, chat=True)
+
+    # ------------------------------------------------------------------ observability
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """Prometheus exposition of the dispatcher's figures (per-tenant series capped at top_tenants)."""
+        snapshot = await self._telemetry()
+        return Response(render_prometheus(snapshot, self._top_tenants), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    @app.get("/dashboard")
+    async def dashboard(self) -> HTMLResponse:
+        """The live page; it asks for the admin key and reads /admin/dashboard.json with it."""
+        return HTMLResponse(DASHBOARD_HTML)
+
+    @app.get("/admin/dashboard.json")
+    async def dashboard_data(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return await self._ask_dispatcher("telemetry", (DASHBOARD_HISTORY_S,))
+
+    async def finished_spans(self) -> list[dict[str, Any]]:
+        """Spans finished in this replica (telemetry traces: memory; called through a Serve handle)."""
+        return finished_spans()
+
+    async def _telemetry(self) -> dict[str, Any]:
+        """The dispatcher's telemetry snapshot, shared by scrapes within a second."""
+        now = time.monotonic()
+        if self._snapshot is None or now - self._snapshot[0] > 1.0:
+            self._snapshot = (now, await self._ask_dispatcher("telemetry", ()))
+        return self._snapshot[1]
 
     # ------------------------------------------------------------------ admin API (admin key only)
 
@@ -168,7 +207,23 @@ class Ingress:
                 code="context_length_exceeded",
             )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        placement = await self._submit(rid, tenant, prompt_tokens, max_tokens)
+        trace = RequestTrace(
+            {
+                "fairgate.request_id": rid,
+                "fairgate.tenant": tenant,
+                "fairgate.model": self._model,
+                "fairgate.stream": bool(req.stream),
+                "fairgate.prompt_tokens": prompt_tokens,
+                "fairgate.max_tokens": max_tokens,
+            }
+        )
+        try:
+            with trace.queue_span() as queue:
+                placement = await self._submit(rid, tenant, prompt_tokens, max_tokens)
+                trace.dispatched(queue, placement)
+        except BaseException as exc:
+            trace.finish(prompt_tokens, 0, None, error=type(exc).__name__)
+            raise
         grpc_request = pb.GenerateRequest(
             prompt=prompt,
             prompt_tokens=prompt_tokens,
@@ -183,17 +238,23 @@ class Ingress:
             final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
         )
         outcome = Outcome()
-        text = self._generate(tenant, placement, grpc_request, req.stop_strings(), outcome)
+        text = self._generate(tenant, placement, grpc_request, req.stop_strings(), outcome, trace)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            events = self._sse(rid, chat, text, outcome, include_usage)
+            events = self._sse(rid, chat, text, outcome, include_usage, trace)
             return StreamingResponse(events, media_type="text/event-stream")
+        error = ""
         try:
             content = "".join([piece async for piece in text])
         except WorkerLost as exc:
+            error = "worker_failed"
             raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
         finally:
             await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+            trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
         return self._whole_response(rid, chat, content, outcome)
 
     async def _submit(
@@ -228,7 +289,13 @@ class Ingress:
                 delay = min(2.0, delay * 2)
 
     async def _generate(
-        self, tenant: str, placement: dict[str, Any], request: pb.GenerateRequest, stops: list[str], outcome: Outcome
+        self,
+        tenant: str,
+        placement: dict[str, Any],
+        request: pb.GenerateRequest,
+        stops: list[str],
+        outcome: Outcome,
+        trace: RequestTrace,
     ) -> AsyncIterator[str]:
         """Stream the text from the assigned worker. A worker lost before it sent anything (crashed,
         unreachable, ticket refused): the dispatcher places the request again, same id, at the head of
@@ -236,7 +303,10 @@ class Ingress:
         rid = placement["ticket"]["request_id"]
         for attempt in range(MAX_PLACEMENTS):
             request.ticket.CopyFrom(_ticket(placement))
-            text = stream_text(self._channels, placement["address"], request, stops, outcome)
+            metadata = trace.start_generate(placement["worker_id"])
+            text = stream_text(
+                self._channels, placement["address"], request, stops, outcome, metadata, trace.first_token
+            )
             try:
                 async for piece in text:
                     yield piece
@@ -251,7 +321,13 @@ class Ingress:
             placement = await self._submit(rid, tenant, request.prompt_tokens, request.max_tokens, retry=True)
 
     async def _sse(
-        self, rid: str, chat: bool, text: AsyncIterator[str], outcome: Outcome, include_usage: bool
+        self,
+        rid: str,
+        chat: bool,
+        text: AsyncIterator[str],
+        outcome: Outcome,
+        include_usage: bool,
+        trace: RequestTrace,
     ) -> AsyncIterator[str]:
         created = now_s()
         model = self._model
@@ -259,6 +335,7 @@ class Ingress:
         def event(data: dict[str, Any]) -> str:
             return f"data: {json.dumps(data)}\n\n"
 
+        error = ""
         try:
             if chat:
                 yield event(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None))
@@ -278,11 +355,17 @@ class Ingress:
                 tokens = usage(outcome.prompt_tokens, outcome.completion_tokens)
                 yield event(envelope(rid, obj, model, created, [], usage=tokens))
         except WorkerLost as exc:
+            error = "worker_failed"
             yield event(ApiError(502, str(exc), type_="server_error", code="worker_failed").body())
         except ApiError as exc:  # placing it again after its worker was lost failed
+            error = exc.code or "error"
             yield event(exc.body())
+        except BaseException as exc:  # the client went away
+            error = type(exc).__name__
+            raise
         finally:
             await text.aclose()  # type: ignore[attr-defined]
+            trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
         yield "data: [DONE]\n\n"
 
     def _whole_response(self, rid: str, chat: bool, content: str, outcome: Outcome) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Ray 2.60's Serve replicas bind their inter-deployment gRPC server to ``[::]:0`` with no setting to
 change it; on one machine that server only ever needs loopback. ``bind_serve_to_loopback`` is installed
 as Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process before any replica
-starts. ``ray_environment`` is what ``fairgate serve`` and the tests set before Ray starts (it also
+starts (``deploy/serve.yaml`` names it too; it does nothing where ``FAIRGATE_BIND_HOST`` is a pod's
+address). ``ray_environment`` is what ``fairgate serve`` and the tests set before Ray starts (it also
 keeps Ray's worker processes at normal priority).
 """
 
@@ -21,12 +22,20 @@ LOOPBACK_ENV = {
 }
 
 
+def bind_host() -> str:
+    """Where the dispatcher's and workers' gRPC servers listen: loopback on one machine; across a
+    cluster, the pod's own address (``FAIRGATE_BIND_HOST``, set from ``status.podIP`` in k8s/)."""
+    return os.environ.get("FAIRGATE_BIND_HOST") or "127.0.0.1"
+
+
 def ray_environment() -> None:
     for key, value in LOOPBACK_ENV.items():
         os.environ.setdefault(key, value)
 
 
 def bind_serve_to_loopback() -> None:
+    if bind_host() not in ("127.0.0.1", "localhost"):  # across a cluster replicas must be reachable
+        return
     try:
         from ray.serve._private import replica
     except ImportError:  # not a Serve process, or another Ray version: nothing to patch

@@ -20,6 +20,8 @@ from typing import Any
 import grpc
 
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
+from dispatcher.core.fairness_view import backlogged_gap, two_u
+from dispatcher.metrics import Histogram
 from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
@@ -71,6 +73,7 @@ class DispatcherService:
         *,
         ticket_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        observe: bool = True,
     ) -> None:
         self.scheduler = FairScheduler(config)
         self.id = uuid.uuid4().hex[:8]
@@ -84,6 +87,11 @@ class DispatcherService:
         self._server: grpc.aio.Server | None = None
         self._expiry: asyncio.TimerHandle | None = None
         self.address = ""
+        self._observe = observe  # latency histograms (benchmarks measure the service without them)
+        self.ttft = Histogram()  # submit -> first reported token, on this clock
+        self.latency = Histogram()  # submit -> finish
+        self.dispatched = 0
+        self.longest_prompt = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,6 +148,7 @@ class DispatcherService:
             reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
             if reason is not None:
                 raise Rejected(reason)
+            self.longest_prompt = max(self.longest_prompt, prompt_tokens)
         stale = self._pending.get(request_id)
         if stale is not None and not stale.done():
             stale.cancel()
@@ -161,6 +170,23 @@ class DispatcherService:
         link = self._links.get(worker_id)
         if link is not None:
             link.outbox.put_nowait(pb.DispatcherMessage(drain=pb.Drain()))
+
+    def telemetry(self) -> dict[str, Any]:
+        """Stats plus what operators watch: latency histograms, dispatches, the gap and its bound."""
+        data = self.stats()
+        tenants = data["tenants"]
+        backlogged = self.scheduler.waiting_tenants()
+        pool = sum(w["kv_tokens"] for w in data["workers"] if not w["draining"])
+        data.update(
+            ttft=self.ttft.snapshot(),
+            latency=self.latency.snapshot(),
+            dispatched=self.dispatched,
+            backlogged=backlogged,
+            backlog_tokens=sum(t["queued_tokens"] for t in tenants.values()),
+            gap=backlogged_gap({n: t["counter"] for n, t in tenants.items()}, backlogged),
+            two_u=two_u(self.scheduler.cost, self.longest_prompt, pool),
+        )
+        return data
 
     def stats(self) -> dict[str, Any]:
         data = self.scheduler.stats()
@@ -195,6 +221,7 @@ class DispatcherService:
         now = self._clock()
         loop = asyncio.get_running_loop()
         for a in self.scheduler.assign(now):
+            self.dispatched += 1
             req = a.request
             future = self._pending.pop(req.id, None)
             if future is None or future.done():  # its caller left in the meantime
@@ -245,6 +272,12 @@ class DispatcherService:
             for st in r.started:  # assigned by a dispatcher before a restart: adopt it
                 if st.request_id not in in_flight and st.tenant:
                     s.adopt(worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0)
+            now = self._clock()
+            if self._observe:
+                for t in r.new_tokens:
+                    req = in_flight.get(t.request_id)
+                    if req is not None and req.output_tokens == 0 and t.tokens > 0:
+                        self.ttft.observe(now - req.arrival)
             s.on_report(
                 worker_id,
                 {t.request_id: t.tokens for t in r.new_tokens},
@@ -253,9 +286,10 @@ class DispatcherService:
                 running=r.running,
                 waiting=r.waiting,
             )
-            now = self._clock()
             for f in r.finished:
-                s.on_finish(f.request_id, f.output_tokens, f.reason, now)
+                done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)
+                if done is not None and f.reason != "abort" and self._observe:
+                    self.latency.observe(now - done.arrival)
         elif kind == "goodbye":
             s.worker_drain(worker_id)
         return worker_id

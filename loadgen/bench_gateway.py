@@ -20,6 +20,7 @@ import grpc
 
 from dispatcher.core import SchedulerConfig
 from dispatcher.service import DispatcherService
+from dispatcher.telemetry import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
 from dispatcher.tickets import TicketFields, sign
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
@@ -29,9 +30,14 @@ from workers.simulated_runner import SimulatedRunner
 from workers.worker import Worker
 
 
-async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_flight: int = 256) -> float:
+async def dispatcher_requests_per_second(
+    requests: int, workers: int = 2, in_flight: int = 256, telemetry: bool = False
+) -> float:
+    """``telemetry``: the dispatcher's latency histograms on, and each request traced as the ingress and
+    the worker trace it (spans, trace context carried as gRPC metadata, exported by a batch processor)."""
     secret = secrets.token_bytes(16)
-    service = DispatcherService(SchedulerConfig(max_engine_waiting=64), secret)
+    service = DispatcherService(SchedulerConfig(max_engine_waiting=64), secret, observe=telemetry)
+    set_tracing_active(telemetry)
     address = await service.start()
     pool = [
         Worker(f"w{i}", address, secret, SimulatedRunner(SimulatedEngine(1 << 40, StepTimeModel.zero())))
@@ -51,9 +57,20 @@ async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_fli
         nonlocal finished
         async with gate:
             rid = f"r{i}"
-            placement = await service.submit(rid, f"t{i % 100}", 8, 2)
-            async for _ in by_id[placement.worker_id].runner.generate(rid, params):
-                pass
+            tenant = f"t{i % 100}"
+            trace = RequestTrace({"fairgate.request_id": rid, "fairgate.tenant": tenant, "fairgate.prompt_tokens": 8})
+            with trace.queue_span() as queue:
+                placement = await service.submit(rid, tenant, 8, 2)
+                queue.set_attribute("fairgate.worker", placement.worker_id)
+            metadata = trace.start_generate(placement.worker_id)
+            worker_span = tracer().start_span("fairgate.worker.generate", context=extract_context(metadata))
+            tokens = 0
+            async for delta in by_id[placement.worker_id].runner.generate(rid, params):
+                if not tokens:
+                    trace.first_token()
+                tokens = delta.completion_tokens
+            worker_span.end()
+            trace.finish(8, tokens, "length")
             while rid in service.scheduler.in_flight():  # until the dispatcher has seen it finish
                 await asyncio.sleep(0.001)
             finished += 1
@@ -69,6 +86,23 @@ async def dispatcher_requests_per_second(requests: int, workers: int = 2, in_fli
         await w.stop()
     await service.stop()
     return requests / elapsed
+
+
+def telemetry_overhead(requests: int, rounds: int = 3) -> dict[str, float]:
+    """The dispatcher benchmark with telemetry off and on, alternating ``rounds`` times in this process
+    (spans kept by an in-memory exporter behind a batch processor, as an OTLP exporter would be)."""
+    configure_tracing({"traces": "memory"}, "fairgate-bench")
+    off: list[float] = []
+    on: list[float] = []
+    for _ in range(rounds):
+        off.append(asyncio.run(dispatcher_requests_per_second(requests, telemetry=False)))
+        on.append(asyncio.run(dispatcher_requests_per_second(requests, telemetry=True)))
+    set_tracing_active(True)
+    return {
+        "off": statistics.median(off),
+        "on": statistics.median(on),
+        "ratio": statistics.median(on) / statistics.median(off),
+    }
 
 
 def first_token_overhead(samples: int) -> dict[str, float]:

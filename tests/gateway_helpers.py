@@ -58,6 +58,8 @@ def deploy(
     limits: dict[str, Any] | None = None,
     state: dict[str, Any] | None = None,
     max_running: int | None = None,
+    autoscaling: dict[str, Any] | None = None,
+    telemetry: dict[str, Any] | None = None,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
@@ -68,10 +70,13 @@ def deploy(
         "policy": policy,
         "limits": limits or {},
         "state": state or {},
+        "telemetry": telemetry or {},
         "workers": {
             **engine,
             "count": workers,
             "max_running": max_running,
+            "autoscaling": autoscaling,
+            "graceful_shutdown_s": 30,
             "kv_tokens": kv_tokens,
             "block_size": 1,
             "step_model": {

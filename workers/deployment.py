@@ -11,6 +11,8 @@ from typing import Any
 from ray import serve
 
 from dispatcher.actor import get_or_create_dispatcher
+from dispatcher.loopback import bind_host
+from dispatcher.telemetry import configure_tracing, finished_spans
 from workers.engine import SimulatedEngine, StepTimeModel
 from workers.runner import EngineRunner
 from workers.simulated_runner import SimulatedRunner
@@ -35,13 +37,14 @@ def make_runner(workers: dict[str, Any]) -> EngineRunner:
 
 @serve.deployment(
     ray_actor_options={"num_cpus": 0},
-    graceful_shutdown_timeout_s=600,
+    graceful_shutdown_timeout_s=600,  # build_app sets workers.graceful_shutdown_s
     graceful_shutdown_wait_loop_s=0.5,
     max_ongoing_requests=16,
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class WorkerReplica:
     async def __init__(self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str) -> None:
+        configure_tracing(workers.get("telemetry"), "fairgate-worker")
         actor = get_or_create_dispatcher(app, dispatcher, secret)
         await actor.address.remote()
 
@@ -49,7 +52,7 @@ class WorkerReplica:
             return await actor.address.remote()
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        self.worker = Worker(worker_id, locate, secret.encode(), make_runner(workers))
+        self.worker = Worker(worker_id, locate, secret.encode(), make_runner(workers), host=bind_host())
         await self.worker.start()
 
     async def check_health(self) -> None:
@@ -61,6 +64,10 @@ class WorkerReplica:
         """Who this replica is; ``generated``: how many times each request id was generated here."""
         w = self.worker
         return {"worker_id": w.worker_id, "address": w.address, "pid": os.getpid(), "generated": dict(w.generated)}
+
+    async def finished_spans(self) -> list[dict[str, Any]]:
+        """Spans finished in this replica (telemetry traces: memory)."""
+        return finished_spans()
 
     async def __del__(self) -> None:
         await self.worker.drain()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from dispatcher.telemetry import extract_context, tracer
 from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check, worker_token
 from fairgate.rpc import fairgate_pb2 as pb
 from fairgate.rpc import fairgate_pb2_grpc as rpc
@@ -159,18 +160,20 @@ class Worker:
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
     async def _messages(self) -> AsyncIterator[pb.WorkerMessage]:
-        # Reports not yet sent are dropped: the hello re-announces every running request with all the
-        # tokens reported so far, so a dispatcher charges each token once.
-        stopping = False
-        while not self._outbox.empty():
-            stopping = stopping or self._outbox.get_nowait() is None
-        if stopping:
+        """One connection's messages. Each connection gets a fresh outbox, and the last one is closed,
+        so a stream that died can never take messages meant for its successor. Reports not yet sent
+        are dropped: the hello re-announces every running request with all the tokens reported so
+        far, so a dispatcher charges each token once."""
+        if self._stopped.is_set():
             return
+        stale, outbox = self._outbox, asyncio.Queue()
+        self._outbox = outbox
+        stale.put_nowait(None)
         yield pb.WorkerMessage(hello=self._hello())
         if self._draining:
             yield pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining"))
         while True:
-            msg = await self._outbox.get()
+            msg = await outbox.get()
             if msg is None:
                 return
             yield msg
@@ -228,6 +231,16 @@ class _WorkerServicer(rpc.WorkerServicer):
             ignore_eos=request.ignore_eos,
             templated=request.templated,
         )
+        span = tracer().start_span(
+            "fairgate.worker.generate",
+            context=extract_context(context.invocation_metadata()),
+            attributes={
+                "fairgate.request_id": t.request_id,
+                "fairgate.tenant": t.tenant,
+                "fairgate.worker": w.worker_id,
+                "fairgate.prompt_tokens": request.prompt_tokens,
+            },
+        )
         w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
         if len(w.generated) > GENERATED_KEPT:
             w.generated.popitem(last=False)
@@ -235,8 +248,10 @@ class _WorkerServicer(rpc.WorkerServicer):
         deltas = w.runner.generate(t.request_id, params)
         held: list[str] = []  # final_only: the text so far, sent once at the end
         first = True
+        completion_tokens = 0
         try:
             async for delta in deltas:
+                completion_tokens = delta.completion_tokens
                 if request.final_only and not delta.finish_reason:
                     held.append(delta.text)
                     if not first:
@@ -257,6 +272,8 @@ class _WorkerServicer(rpc.WorkerServicer):
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]  # aborts the request if it still runs
             w._running.pop(t.request_id, None)
+            span.set_attribute("fairgate.completion_tokens", completion_tokens)
+            span.end()
 
 
 def _report_message(report: StepReport, running: dict[str, _Running]) -> pb.StepReport:

@@ -1,5 +1,6 @@
 """The pure fairness core: no Ray, gRPC, asyncio, Redis or I/O; time is passed in."""
 
+from dispatcher.core.capacity import Demand, ReplicaCapacity, desired_replicas
 from dispatcher.core.costs import CostFunction, LinearCost, ProfiledCost, cost_from_spec, fit_profiled_cost
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.policies import POLICY_NAMES, Policy, parse_policy
@@ -28,6 +29,7 @@ __all__ = [
     "REJECT_TOO_LARGE",
     "Assignment",
     "CostFunction",
+    "Demand",
     "FairScheduler",
     "LeaveResult",
     "LinearCost",
@@ -36,12 +38,14 @@ __all__ = [
     "OraclePredictor",
     "Policy",
     "ProfiledCost",
+    "ReplicaCapacity",
     "Request",
     "SchedulerConfig",
     "Tenant",
     "WorkerSlot",
     "WorkerTable",
     "cost_from_spec",
+    "desired_replicas",
     "fit_profiled_cost",
     "parse_policy",
 ]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from dispatcher.core.capacity import Demand
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.policies import Policy, parse_policy
@@ -433,6 +434,21 @@ class FairScheduler:
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
         return not self._waiting and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
+
+    def demand(self) -> Demand:
+        """Running and waiting load against the workers taking work (the autoscaler's input)."""
+        slots = self.workers.slots.values()
+        active = [w for w in slots if not w.draining]
+        limits = [w.max_running for w in active if w.max_running]
+        return Demand(
+            queued_requests=len(self._queued_ids),
+            queued_tokens=sum(t.queued_tokens for t in self.tenants.values() if t.queue),
+            running_requests=len(self._in_flight),
+            committed_tokens=sum(w.committed for w in slots),
+            workers=len(active),
+            pool_tokens=sum(w.kv_tokens for w in active) // len(active) if active else 0,
+            max_running=min(limits) if limits else 0,
+        )
 
     def stats(self) -> dict[str, Any]:
         return {
