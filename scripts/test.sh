@@ -17,4 +17,4 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=20 "$@"
