@@ -88,6 +88,7 @@ class TelemetrySettings:
     otlp_endpoint: str | None = None
     traces: str = "off"
     top_tenants: int = 20
+    trace_sample_ratio: float = 1.0  # share of requests traced (busy gateways: 0.01-0.1)
 
 
 @dataclass(frozen=True)
@@ -301,8 +302,8 @@ def _ingress(raw: dict[str, Any], where: str) -> IngressSettings:
 
 
 def _telemetry(raw: dict[str, Any], where: str) -> TelemetrySettings:
-    if not isinstance(raw, dict) or set(raw) - {"otlp_endpoint", "traces", "top_tenants"}:
-        raise ConfigError(f"{where}: telemetry takes otlp_endpoint, traces and top_tenants")
+    if not isinstance(raw, dict) or set(raw) - {"otlp_endpoint", "traces", "top_tenants", "trace_sample_ratio"}:
+        raise ConfigError(f"{where}: telemetry takes otlp_endpoint, traces, top_tenants and trace_sample_ratio")
     endpoint = raw.get("otlp_endpoint") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
     if endpoint is not None and not isinstance(endpoint, str):
         raise ConfigError(f"{where}: telemetry.otlp_endpoint must be a URL")
@@ -311,7 +312,10 @@ def _telemetry(raw: dict[str, Any], where: str) -> TelemetrySettings:
     if traces not in ("off", "memory"):
         raise ConfigError(f"{where}: telemetry.traces must be off or memory, got {traces!r}")
     top = _int(raw.get("top_tenants", 20), f"{where}: telemetry.top_tenants", 1)
-    return TelemetrySettings(endpoint, traces, top)
+    ratio = raw.get("trace_sample_ratio", 1.0)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:
+        raise ConfigError(f"{where}: telemetry.trace_sample_ratio must be in [0, 1], got {ratio!r}")
+    return TelemetrySettings(endpoint, traces, top, float(ratio))
 
 
 def _state(raw: dict[str, Any], where: str) -> StateSettings:

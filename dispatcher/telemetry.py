@@ -34,8 +34,11 @@ def configure_tracing(settings: dict[str, Any] | None, service: str) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    # the ingress decides per trace; workers follow the decision carried in the trace context
+    sampler = ParentBased(TraceIdRatioBased(float(settings.get("trace_sample_ratio", 1.0))))
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

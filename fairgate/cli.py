@@ -315,21 +315,27 @@ def _bench_gateway(args: argparse.Namespace) -> int:
     from dispatcher.loopback import ray_environment
 
     ray_environment()
-    from loadgen.bench_gateway import first_token_overhead, telemetry_overhead
+    from loadgen.bench_gateway import first_token_overhead, telemetry_overhead, tracing_cost_per_request
 
     if args.requests < 1 or args.samples < 2:
         raise UsageError("--requests must be >= 1 and --samples >= 2")
     rps = telemetry_overhead(args.requests)
     print(
-        f"dispatcher: {rps['off']:,.0f} requests/s with telemetry off, {rps['on']:,.0f} with it on "
+        f"dispatcher: {rps['off']:,.0f} requests/s with its telemetry off, {rps['on']:,.0f} with it on "
         f"({100 * rps['on'] / rps['off']:.0f}%; medians of 3 alternating rounds; submit -> assign -> zero-time "
         "engine -> report -> finish)"
+    )
+    spans = tracing_cost_per_request()
+    print(
+        f"tracing (ingress and worker processes): {spans['on']:.0f} us per request with spans exported, "
+        f"{spans['off']:.1f} us with tracing off"
     )
     ttft = first_token_overhead(args.samples)
     print(
         f"first token: gateway p50 {ttft['gateway_p50_ms']:.1f} ms, worker Generate directly p50 "
         f"{ttft['direct_p50_ms']:.1f} ms; gateway overhead p50 {ttft['overhead_p50_ms']:.1f} ms, "
-        f"p90 {ttft['overhead_p90_ms']:.1f} ms"
+        f"p90 {ttft['overhead_p90_ms']:.1f} ms (tracing's share of it: "
+        f"{100 * spans['on'] / 1000 / ttft['overhead_p50_ms']:.1f}%)"
     )
     return 0
 

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from dispatcher.core import SchedulerConfig
+from dispatcher.metrics import ServiceHistory, render_prometheus
 from dispatcher.service import DispatcherService
 from dispatcher.telemetry import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
 from dispatcher.tickets import TicketFields, sign
@@ -33,11 +34,12 @@ from workers.worker import Worker
 async def dispatcher_requests_per_second(
     requests: int, workers: int = 2, in_flight: int = 256, telemetry: bool = False
 ) -> float:
-    """``telemetry``: the dispatcher's latency histograms on, and each request traced as the ingress and
-    the worker trace it (spans, trace context carried as gRPC metadata, exported by a batch processor)."""
+    """``telemetry``: the dispatcher's own telemetry on: latency histograms, dispatch counts, and its
+    snapshot (tenants, workers, gap, 2U, history, Jain) rendered as Prometheus text ten times a second (in
+    service: once a second, and per scrape). Spans are made in the ingress and worker processes, not
+    here: ``tracing_cost_per_request`` measures them."""
     secret = secrets.token_bytes(16)
     service = DispatcherService(SchedulerConfig(max_engine_waiting=64), secret, observe=telemetry)
-    set_tracing_active(telemetry)
     address = await service.start()
     pool = [
         Worker(f"w{i}", address, secret, SimulatedRunner(SimulatedEngine(1 << 40, StepTimeModel.zero())))
@@ -57,30 +59,31 @@ async def dispatcher_requests_per_second(
         nonlocal finished
         async with gate:
             rid = f"r{i}"
-            tenant = f"t{i % 100}"
-            trace = RequestTrace({"fairgate.request_id": rid, "fairgate.tenant": tenant, "fairgate.prompt_tokens": 8})
-            with trace.queue_span() as queue:
-                placement = await service.submit(rid, tenant, 8, 2)
-                queue.set_attribute("fairgate.worker", placement.worker_id)
-            metadata = trace.start_generate(placement.worker_id)
-            worker_span = tracer().start_span("fairgate.worker.generate", context=extract_context(metadata))
-            tokens = 0
-            async for delta in by_id[placement.worker_id].runner.generate(rid, params):
-                if not tokens:
-                    trace.first_token()
-                tokens = delta.completion_tokens
-            worker_span.end()
-            trace.finish(8, tokens, "length")
+            placement = await service.submit(rid, f"t{i % 100}", 8, 2)
+            async for _ in by_id[placement.worker_id].runner.generate(rid, params):
+                pass
             while rid in service.scheduler.in_flight():  # until the dispatcher has seen it finish
                 await asyncio.sleep(0.001)
             finished += 1
             if finished == requests:
                 all_done.set()
 
+    async def snapshots() -> None:
+        history = ServiceHistory()
+        while True:
+            await asyncio.sleep(0.1)
+            data = service.telemetry()
+            history.add(time.time(), data["tenants"])
+            data["jain"] = history.jain(60.0)
+            render_prometheus(data, 20)
+
     start = time.perf_counter()
     tasks = [asyncio.create_task(one(i)) for i in range(requests)]
+    observer = asyncio.create_task(snapshots()) if telemetry else None
     await all_done.wait()
     elapsed = time.perf_counter() - start
+    if observer is not None:
+        observer.cancel()
     await asyncio.gather(*tasks)
     for w in pool:
         await w.stop()
@@ -89,20 +92,42 @@ async def dispatcher_requests_per_second(
 
 
 def telemetry_overhead(requests: int, rounds: int = 3) -> dict[str, float]:
-    """The dispatcher benchmark with telemetry off and on, alternating ``rounds`` times in this process
-    (spans kept by an in-memory exporter behind a batch processor, as an OTLP exporter would be)."""
-    configure_tracing({"traces": "memory"}, "fairgate-bench")
+    """The dispatcher benchmark with its telemetry off and on, alternating ``rounds`` times in one run."""
     off: list[float] = []
     on: list[float] = []
     for _ in range(rounds):
         off.append(asyncio.run(dispatcher_requests_per_second(requests, telemetry=False)))
         on.append(asyncio.run(dispatcher_requests_per_second(requests, telemetry=True)))
+    return {"off": statistics.median(off), "on": statistics.median(on)}
+
+
+def trace_one_request(i: int) -> None:
+    """The spans of one request as the ingress and the worker make them (the context goes through the same
+    metadata inject/extract as over gRPC)."""
+    trace = RequestTrace({"fairgate.request_id": f"r{i}", "fairgate.tenant": "t", "fairgate.prompt_tokens": 8})
+    with trace.queue_span() as queue:
+        trace.dispatched(queue, {"worker_id": "w0", "counter": 1.0})
+    metadata = trace.start_generate("w0")
+    worker = tracer().start_span("fairgate.worker.generate", context=extract_context(metadata))
+    trace.first_token()
+    worker.set_attribute("fairgate.completion_tokens", 2)
+    worker.end()
+    trace.finish(8, 2, "length")
+
+
+def tracing_cost_per_request(requests: int = 20_000) -> dict[str, float]:
+    """Microseconds of tracing per request (four spans, exported by a batch processor to memory), with
+    tracing off (the API's no-op tracer) and on."""
+    configure_tracing({"traces": "memory"}, "fairgate-bench")
+    out = {}
+    for name, active in (("off", False), ("on", True)):
+        set_tracing_active(active)
+        start = time.perf_counter()
+        for i in range(requests):
+            trace_one_request(i)
+        out[name] = 1e6 * (time.perf_counter() - start) / requests
     set_tracing_active(True)
-    return {
-        "off": statistics.median(off),
-        "on": statistics.median(on),
-        "ratio": statistics.median(on) / statistics.median(off),
-    }
+    return out
 
 
 def first_token_overhead(samples: int) -> dict[str, float]:

@@ -14,14 +14,15 @@ from dispatcher.core import LinearCost
 from dispatcher.core.fairness_view import backlogged_gap, jain_index, two_u
 from dispatcher.metrics import Histogram, ServiceHistory, render_prometheus
 from dispatcher.telemetry import configure_tracing, finished_spans, set_tracing_active
-from loadgen.bench_gateway import dispatcher_requests_per_second
+from loadgen.bench_gateway import dispatcher_requests_per_second, trace_one_request
 from tests.conftest import REPO
 
 
 def test_every_traced_request_is_one_tree_with_the_worker_span_under_generate():
     configure_tracing({"traces": "memory"}, "fairgate-test")
     before = {s["span_id"] for s in finished_spans()}
-    asyncio.run(dispatcher_requests_per_second(40, telemetry=True))
+    for i in range(40):
+        trace_one_request(i)
     spans = [s for s in finished_spans() if s["span_id"] not in before]
     traces: dict[str, dict[str, dict]] = {}
     for s in spans:
@@ -34,9 +35,15 @@ def test_every_traced_request_is_one_tree_with_the_worker_span_under_generate():
         assert tree["fairgate.worker.generate"]["parent_id"] == tree["fairgate.generate"]["span_id"]
         assert root["attributes"]["fairgate.completion_tokens"] == 2
     set_tracing_active(False)  # off: nothing more is recorded
-    asyncio.run(dispatcher_requests_per_second(10, telemetry=False))
+    for i in range(10):
+        trace_one_request(i)
     assert len(finished_spans()) == len(before) + len(spans)
     set_tracing_active(True)
+
+
+def test_dispatcher_benchmark_runs_with_its_telemetry_on_and_off():
+    for telemetry in (False, True):
+        assert asyncio.run(dispatcher_requests_per_second(300, telemetry=telemetry)) > 0
 
 
 def test_fairness_figures():
@@ -142,3 +149,21 @@ def test_otlp_metrics_export_the_same_figures_with_capped_tenants():
     assert points[("fairgate_tenant_service", "other")] == 15
     assert points[("fairgate_fairness_gap", "")] == 400 and points[("fairgate_dispatched", "")] == 17
     provider.shutdown()
+
+
+BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
+
+
+def test_telemetry_section_defaults_and_refusals(monkeypatch):
+    from dispatcher.config import ConfigError, parse_config
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    t = parse_config(BASE)[0].telemetry
+    assert (t.otlp_endpoint, t.traces, t.top_tenants, t.trace_sample_ratio) == (None, "off", 20, 1.0)
+    t = parse_config({**BASE, "telemetry": {"traces": False, "trace_sample_ratio": 0.1}})[0].telemetry
+    assert t.traces == "off" and t.trace_sample_ratio == 0.1  # YAML's bare off is false
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    assert parse_config(BASE)[0].telemetry.otlp_endpoint == "http://collector:4317"
+    for bad in ({"traces": "all"}, {"top_tenants": 0}, {"trace_sample_ratio": 2}, {"exporter": "x"}):
+        with pytest.raises(ConfigError, match="telemetry"):
+            parse_config({**BASE, "telemetry": bad})
