@@ -87,10 +87,7 @@ class DispatcherActor:
 
     async def _sample_every(self, interval_s: float) -> None:
         while True:
-            latest = self._service.telemetry()
-            self._history.add(time.time(), latest["tenants"])
-            latest["jain"] = self._history.jain(60.0)
-            self._latest = latest
+            self._latest = self._history.record(time.time(), self._service.telemetry())
             await asyncio.sleep(interval_s)
 
     async def telemetry(self, series_s: float = 0.0) -> dict[str, Any]:

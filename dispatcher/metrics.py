@@ -66,6 +66,12 @@ class ServiceHistory:
             )
         )
 
+    def record(self, now: float, telemetry: dict[str, Any]) -> dict[str, Any]:
+        """Sample one telemetry snapshot's tenants; returns the snapshot with Jain's index (60 s) added."""
+        self.add(now, telemetry["tenants"])
+        telemetry["jain"] = self.jain(60.0)
+        return telemetry
+
     def rates(self, window_s: float) -> dict[str, float]:
         """Each tenant's service per second over the last ``window_s`` (tenants present at both ends)."""
         if len(self.samples) < 2:

@@ -72,10 +72,7 @@ async def dispatcher_requests_per_second(
         history = ServiceHistory()
         while True:
             await asyncio.sleep(0.1)
-            data = service.telemetry()
-            history.add(time.time(), data["tenants"])
-            data["jain"] = history.jain(60.0)
-            render_prometheus(data, 20)
+            render_prometheus(history.record(time.time(), service.telemetry()), 20)
 
     start = time.perf_counter()
     tasks = [asyncio.create_task(one(i)) for i in range(requests)]
