@@ -19,8 +19,8 @@ from typing import Any
 
 import ray
 
+from common.loopback import bind_host
 from dispatcher.core import SchedulerConfig
-from dispatcher.loopback import bind_host
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected

@@ -1,10 +1,10 @@
-"""What the dispatcher measures for operators, and its Prometheus rendering.
+"""What the dispatcher measures for operators, and the names it exports them under.
 
 The dispatcher keeps latency histograms (first token and whole request, from its own clock: submit to
 first reported token, submit to finish) and a history of each tenant's service, sampled every second,
-from which the service rates and Jain's index over a window are computed. ``render_prometheus`` turns
-one telemetry snapshot (``DispatcherActor.telemetry``) into the exposition text served at ``/metrics``;
-per-tenant series are kept for the ``top_n`` most served tenants, the rest summed as ``other``.
+from which the service rates and Jain's index over a window are computed. ``TENANT_SERIES`` names the
+per-tenant series both exports use (Prometheus text at the ingress's ``/metrics``, OTLP from here);
+per-tenant series are kept for the most served tenants, the rest summed as ``other``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import bisect
 from collections import deque
 from typing import Any
 
-from dispatcher.core.fairness_view import jain_index
+from dispatcher.core.fairness import jain_index
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OTHER = "other"
@@ -98,76 +98,3 @@ class ServiceHistory:
             return []
         end_t = self.samples[-1][0]
         return [{"t": t, "tenants": s} for t, s in self.samples if t >= end_t - window_s]
-
-
-def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
-    """The exposition text of one telemetry snapshot."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-    tenants: dict[str, dict[str, Any]] = snapshot["tenants"]
-    kept = sorted(tenants, key=lambda n: -tenants[n]["service"])[:top_n]
-    rest = [n for n in tenants if n not in kept]
-
-    families: list[Any] = []
-
-    def per_tenant(family: Any, key: str, combine: Any = sum) -> None:
-        for name in kept:
-            family.add_metric([name], tenants[name][key])
-        if rest:
-            family.add_metric([OTHER], combine(tenants[n][key] for n in rest))
-        families.append(family)
-
-    for name, kind, doc, key, combine in TENANT_SERIES:
-        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        per_tenant(family(name, doc, labels=["tenant"]), key, combine)
-    scalars = [
-        ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
-        ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),
-        ("fairgate_in_flight_requests", "Requests assigned to workers", snapshot["in_flight"]),
-        ("fairgate_fairness_gap", "Largest counter gap between backlogged tenants", snapshot["gap"]),
-        ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
-        ("fairgate_workers", "Workers taking work", sum(1 for w in snapshot["workers"] if not w["draining"])),
-    ]
-    for name, doc, value in scalars:
-        families.append(GaugeMetricFamily(name, doc, value=value))
-    if snapshot.get("jain") is not None:
-        families.append(
-            GaugeMetricFamily("fairgate_jain_index", "Jain's index of service rates, last 60 s", value=snapshot["jain"])
-        )
-    families.append(
-        CounterMetricFamily("fairgate_dispatched", "Requests dispatched to workers", value=snapshot["dispatched"])
-    )
-    for key, doc in (
-        ("kv_tokens", "KV pool in tokens"),
-        ("kv_used_tokens", "KV tokens in use"),
-        ("running", "Requests running in the engine"),
-    ):
-        family = GaugeMetricFamily(f"fairgate_worker_{key}", doc, labels=["worker"])
-        for w in snapshot["workers"]:
-            value = w["kv_tokens"] - w["free_tokens"] if key == "kv_used_tokens" else w[key]
-            family.add_metric([w["id"]], value)
-        families.append(family)
-    for key, doc in (
-        ("ttft", "Time to first token at the dispatcher"),
-        ("latency", "Request latency at the dispatcher"),
-    ):
-        h = snapshot[key]
-        cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, h["buckets"]), "+Inf"], h["counts"], strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        families.append(HistogramMetricFamily(f"fairgate_{key}_seconds", doc, buckets=buckets, sum_value=h["sum"]))
-    registry = CollectorRegistry()
-    registry.register(_Families(families))
-    return generate_latest(registry)
-
-
-class _Families:
-    """A collector that yields families built beforehand (one snapshot, rendered once)."""
-
-    def __init__(self, families: list[Any]) -> None:
-        self._families = families
-
-    def collect(self) -> Any:
-        return iter(self._families)

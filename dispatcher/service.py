@@ -19,12 +19,12 @@ from typing import Any
 
 import grpc
 
+from common.rpc import fairgate_pb2 as pb
+from common.rpc import fairgate_pb2_grpc as rpc
+from common.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
-from dispatcher.core.fairness_view import backlogged_gap, two_u
+from dispatcher.core.fairness import backlogged_gap
 from dispatcher.metrics import Histogram
-from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
-from fairgate.rpc import fairgate_pb2 as pb
-from fairgate.rpc import fairgate_pb2_grpc as rpc
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,6 @@ class DispatcherService:
         self.ttft = Histogram()  # submit -> first reported token, on this clock
         self.latency = Histogram()  # submit -> finish
         self.dispatched = 0
-        self.longest_prompt = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,7 +147,6 @@ class DispatcherService:
             reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
             if reason is not None:
                 raise Rejected(reason)
-            self.longest_prompt = max(self.longest_prompt, prompt_tokens)
         stale = self._pending.get(request_id)
         if stale is not None and not stale.done():
             stale.cancel()
@@ -176,7 +174,6 @@ class DispatcherService:
         data = self.stats()
         tenants = data["tenants"]
         backlogged = self.scheduler.waiting_tenants()
-        pool = sum(w["kv_tokens"] for w in data["workers"] if not w["draining"])
         data.update(
             ttft=self.ttft.snapshot(),
             latency=self.latency.snapshot(),
@@ -184,7 +181,7 @@ class DispatcherService:
             backlogged=backlogged,
             backlog_tokens=sum(t["queued_tokens"] for t in tenants.values()),
             gap=backlogged_gap({n: t["counter"] for n, t in tenants.items()}, backlogged),
-            two_u=two_u(self.scheduler.cost, self.longest_prompt, pool),
+            two_u=self.scheduler.fairness_bound(),
         )
         return data
 

@@ -1,1 +1,1 @@
-"""The fairgate command line."""
+"""The ``fairgate`` command (``fairgate.cli``): the top of the house, it may use every package below."""

@@ -18,16 +18,17 @@ from typing import Any
 
 import grpc
 
+from common.rpc import fairgate_pb2 as pb
+from common.rpc import fairgate_pb2_grpc as rpc
+from common.tickets import TicketFields, sign
+from common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
 from dispatcher.core import SchedulerConfig
-from dispatcher.metrics import ServiceHistory, render_prometheus
+from dispatcher.metrics import ServiceHistory
 from dispatcher.service import DispatcherService
-from dispatcher.telemetry import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
-from dispatcher.tickets import TicketFields, sign
-from fairgate.rpc import fairgate_pb2 as pb
-from fairgate.rpc import fairgate_pb2_grpc as rpc
-from workers.engine import SimulatedEngine, StepTimeModel
-from workers.runner import GenerationParams
-from workers.simulated_runner import SimulatedRunner
+from ingress.prometheus import render_prometheus
+from workers.engines.interface import GenerationParams
+from workers.engines.simulated import SimulatedEngine, StepTimeModel
+from workers.engines.simulated.runner import SimulatedRunner
 from workers.worker import Worker
 
 
@@ -133,8 +134,8 @@ def first_token_overhead(samples: int) -> dict[str, float]:
     from ray import serve
 
     from dispatcher.actor import dispatcher_name
-    from dispatcher.app import run_app, start_local_ray
-    from dispatcher.config import parse_config
+    from gateway.app import run_app, start_local_ray
+    from gateway.config import parse_config
 
     key = "fg-bench-" + secrets.token_hex(12)
     zero = {k: 0.0 for k in StepTimeModel.zero().to_dict()}

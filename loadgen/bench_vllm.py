@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine import StepReport
-from workers.runner import GenerationParams
+from workers.engines.interface import GenerationParams, StepReport
 
 PROMPT = "the tenant queue is served by the engine " * 8
 
@@ -38,12 +37,8 @@ class VllmBenchConfig:
     enforce_eager: bool | None = None
 
     def vllm_settings(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "kv_tokens": self.kv_tokens,
-            "max_num_seqs": self.max_num_seqs,
-            "enforce_eager": self.enforce_eager,
-        }
+        """The engine's ``workers.vllm`` settings, the same for vLLM alone and behind the gateway."""
+        return {name: getattr(self, name) for name in ("model", "kv_tokens", "max_num_seqs", "enforce_eager")}
 
     def split(self) -> dict[str, int]:
         light = max(1, self.clients // 3)
@@ -62,8 +57,8 @@ class BenchResult:
 
 async def direct(config: VllmBenchConfig) -> BenchResult:
     """The offered load straight into the engine."""
-    from workers.vllm_engine.runner import VllmRunner
-    from workers.vllm_engine.settings import VllmSettings
+    from workers.engines.vllm.runner import VllmRunner
+    from workers.engines.vllm.settings import VllmSettings
 
     steps: list[tuple[float, int]] = []
 
@@ -103,9 +98,8 @@ async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc
     from ray import serve
 
     from dispatcher.actor import dispatcher_name
-    from dispatcher.app import build_app, start_local_ray
-    from dispatcher.config import parse_config
-    from dispatcher.core import cost_from_spec
+    from gateway.app import build_app, start_local_ray
+    from gateway.config import parse_config
 
     keys = {t: "fg-bench-" + secrets.token_hex(12) for t in config.split()}
     raw = {
@@ -147,6 +141,7 @@ async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc
             backlogged.append(all(last["tenants"][t]["queued"] > 0 for t in keys))
             batches.append(sum(w["running"] for w in last["workers"]))
         end = time.monotonic()
+        two_u = (await actor.telemetry.remote())["two_u"]  # the bound for the requests and pool seen
         stop.set()
         await asyncio.gather(*tasks)
     finally:
@@ -157,9 +152,6 @@ async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc
     tenants = config.split()
     tokens = sum(last["tenants"][t]["output_tokens"] - first["tenants"][t]["output_tokens"] for t in tenants)
     service = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in tenants}
-    pool = max(w["kv_tokens"] for w in last["workers"])
-    cost = cost_from_spec(gateway.scheduler["cost"])
-    two_u = 2 * max(cost.total(pool, 0), cost.total(0, pool))  # U: the costliest request the pool holds
     share = sum(backlogged) / max(1, len(backlogged))
     return BenchResult(tokens / (end - start), service, max_gap, two_u, share, sum(batches) / max(1, len(batches)))
 

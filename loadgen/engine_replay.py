@@ -13,7 +13,7 @@ import random
 import time
 
 from loadgen.workloads import Workload
-from workers.runner import EngineRunner, GenerationParams
+from workers.engines.interface import EngineRunner, GenerationParams
 
 
 async def replay_into_runner(runner: EngineRunner, workload: Workload, vocabulary: range, seed: int = 0) -> float:

@@ -27,10 +27,12 @@ _ENGINE_TIME_MS = ProfiledCost()
 
 @dataclass(slots=True)
 class RequestRecord:
-    tenant: int
+    """One request as measured: when it came, how long it was meant to be, what was served and when."""
+
+    tenant: int  # index into the recorder's tenants
     arrival_s: float
-    prompt_tokens: int
-    output_target: int
+    prompt_tokens: int  # the engine's exact count once it started
+    output_target: int  # the workload's output length (its demand)
     generated: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
@@ -98,13 +100,6 @@ class RunSummary:
 
     report: dict[str, Any]
     series: dict[str, Any]
-
-
-def bound_2u(cost: CostFunction, requests: Sequence[tuple[int, int]], pool_tokens: int) -> float:
-    """2U, U = max(h(L_input, 0), M × the largest per-output-token charge): the VTC fairness bound."""
-    longest_prompt = max((p for p, _ in requests), default=0)
-    marginal = max((cost.total(p, max(o, 1)) - cost.total(p, max(o, 1) - 1) for p, o in requests), default=0.0)
-    return 2.0 * max(cost.total(longest_prompt, 0), marginal * pool_tokens)
 
 
 def summarize(

@@ -17,7 +17,8 @@ import openai
 from tqdm import tqdm
 
 from dispatcher.core.costs import CostFunction, LinearCost
-from loadgen.metrics import RunSummary, ServiceRecorder, bound_2u, summarize
+from dispatcher.core.fairness import two_u
+from loadgen.metrics import RunSummary, ServiceRecorder, summarize
 from loadgen.workloads import Workload
 
 
@@ -127,7 +128,7 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
         replicas=0,
         kv_tokens=config.pool_tokens,
         duration_s=max(horizon, 1e-9),
-        bound=bound_2u(config.cost, [(r.prompt_tokens, r.output_tokens) for r in requests], config.pool_tokens),
+        bound=two_u(config.cost, *workload.longest(), config.pool_tokens),
     )
     summary.report["errors"] = errors
     return summary, errors

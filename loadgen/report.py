@@ -7,20 +7,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COLUMNS = (
-    ("workload", "workload", "{}"),
-    ("policy", "policy", "{}"),
-    ("replicas", "rep", "{}"),
-    ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
-    ("work_per_s", "work/s", "{:.0f}"),
-    ("max_abs_service_diff", "max diff", "{:.0f}"),
-    ("bound_2u", "2U", "{:.0f}"),
-    ("bound_held", "held", "{}"),
-    ("avg_windowed_service_diff", "avg win diff", "{:.0f}"),
-    ("jain_index", "Jain", "{:.3f}"),
-    ("under_share_mean_ttft_s", "light TTFT s", "{:.2f}"),
-    ("rejected", "rejected", "{}"),
-)
+# The table's columns: the report's field | its title | how its value is written.
+_COLUMN_TABLE = """
+workload                  | workload     | {}
+policy                    | policy       | {}
+replicas                  | rep          | {}
+throughput_tokens_per_s   | tok/s        | {:.0f}
+work_per_s                | work/s       | {:.0f}
+max_abs_service_diff      | max diff     | {:.0f}
+bound_2u                  | 2U           | {:.0f}
+bound_held                | held         | {}
+avg_windowed_service_diff | avg win diff | {:.0f}
+jain_index                | Jain         | {:.3f}
+under_share_mean_ttft_s   | light TTFT s | {:.2f}
+rejected                  | rejected     | {}
+"""
+COLUMNS = tuple(tuple(cell.strip() for cell in row.split("|")) for row in _COLUMN_TABLE.strip().splitlines())
 
 
 def comparison_table(runs: Sequence[dict[str, Any]]) -> str:
@@ -45,3 +47,16 @@ def write_report(out_dir: Path, runs: Sequence[dict[str, Any]], meta: dict[str, 
     path = out_dir / "report.json"
     path.write_text(json.dumps({"meta": meta, "runs": list(runs)}, indent=1))
     return path
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m loadgen.report REPORT.json ...``: one table over the runs of several reports."""
+    runs = [run for path in argv for run in json.loads(Path(path).read_text())["runs"]]
+    print(comparison_table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

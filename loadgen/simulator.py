@@ -8,15 +8,15 @@ The clock jumps from event to event (an arrival or the end of some engine's step
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from dispatcher.core import FairScheduler, SchedulerConfig, parse_policy
+from dispatcher.core import FairScheduler, SchedulerConfig, two_u
 from dispatcher.core.costs import CostFunction, LinearCost
-from loadgen.metrics import RunSummary, ServiceRecorder, bound_2u, summarize
+from loadgen.metrics import RunSummary, ServiceRecorder, summarize
 from loadgen.workloads import Workload
-from workers.engine import EngineRequest, SimulatedEngine, StepTimeModel
+from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 DEFAULT_KV_TOKENS = 10_000
 
@@ -27,6 +27,7 @@ class SimulationConfig:
     ``drain``: keep going after the workload's duration until every admitted request has finished."""
 
     policy: str = "vtc"
+    placement: str = "most-room"
     replicas: int = 1
     kv_tokens: int | None = None
     step_model: StepTimeModel = field(default_factory=StepTimeModel.a10g_llama7b)
@@ -42,16 +43,9 @@ class SimulationConfig:
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
-    sched = FairScheduler(
-        SchedulerConfig(
-            policy=parse_policy(config.policy),
-            cost=config.cost,
-            strict_head_of_line=config.strict_head_of_line,
-            output_reserve_cap=config.output_reserve_cap,
-            max_engine_waiting=config.max_engine_waiting,
-            seed=config.seed,
-        )
-    )
+    """The scheduler with the run's policy, cost and knobs (the fields both configurations share)."""
+    shared = {f.name for f in fields(SchedulerConfig)} & {f.name for f in fields(SimulationConfig)}
+    sched = FairScheduler(SchedulerConfig(**{name: getattr(config, name) for name in shared}))
     for name in workload.tenants:
         sched.add_tenant(name, workload.weight(name))
     return sched
@@ -128,7 +122,7 @@ class Simulation:
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        bound = bound_2u(self.config.cost, [(r.prompt_tokens, r.output_tokens) for r in self.workload.requests], pool)
+        bound = two_u(self.config.cost, *self.workload.longest(), pool)
         return summarize(
             self.recorder,
             workload=self.workload.name,

@@ -51,6 +51,13 @@ class Workload:
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
 
+    def longest(self) -> tuple[int, int]:
+        """The longest prompt and the longest output among the requests (what 2U depends on)."""
+        return (
+            max((r.prompt_tokens for r in self.requests), default=0),
+            max((r.output_tokens for r in self.requests), default=0),
+        )
+
     def truncated(self, seconds: float | None) -> Workload:
         """The first ``seconds`` of this workload (itself when None or longer)."""
         if seconds is None or seconds >= self.duration_s:
@@ -161,22 +168,22 @@ def on_off_overload(seed: int, scale: float = 1.0) -> Workload:
 
 def poisson_short_long(seed: int, scale: float = 1.0) -> Workload:
     """Poisson arrivals: A sends many short requests (64/64, 8 req/s), B long ones (256/256, 1.5)."""
-    d = 600.0
-    specs = [
-        TenantSpec("A", (Phase(0, d, 8.0, arrival="poisson"),), (64, 64), (64, 64)),
-        TenantSpec("B", (Phase(0, d, 1.5, arrival="poisson"),), (256, 256), (256, 256)),
-    ]
-    return generate("poisson_short_long", d, specs, seed, scale)
+    return _poisson_pair("poisson_short_long", (64, 64), (256, 256), seed, scale)
 
 
 def poisson_short_long_2(seed: int, scale: float = 1.0) -> Workload:
     """Poisson arrivals: A sends long prompts with short outputs (512/32, 8 req/s), B the reverse."""
+    return _poisson_pair("poisson_short_long_2", (512, 32), (32, 512), seed, scale)
+
+
+def _poisson_pair(name: str, a: tuple[int, int], b: tuple[int, int], seed: int, scale: float) -> Workload:
+    """A at 8 req/s and B at 1.5 req/s, Poisson, for 600 s; each with fixed (prompt, output) lengths."""
     d = 600.0
     specs = [
-        TenantSpec("A", (Phase(0, d, 8.0, arrival="poisson"),), (512, 512), (32, 32)),
-        TenantSpec("B", (Phase(0, d, 1.5, arrival="poisson"),), (32, 32), (512, 512)),
+        TenantSpec(tenant, (Phase(0, d, rate, arrival="poisson"),), (prompt, prompt), (output, output))
+        for tenant, rate, (prompt, output) in (("A", 8.0, a), ("B", 1.5, b))
     ]
-    return generate("poisson_short_long_2", d, specs, seed, scale)
+    return generate(name, d, specs, seed, scale)
 
 
 def increase(seed: int, scale: float = 1.0) -> Workload:

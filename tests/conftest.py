@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from dispatcher.loopback import ray_environment
+from common.loopback import ray_environment
 
 ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.1, no usage stats
 
@@ -42,7 +42,7 @@ def serve_port():
     import ray
     from ray import serve
 
-    from dispatcher.app import start_local_ray
+    from gateway.app import start_local_ray
 
     start_local_ray(num_cpus=2)
     port = free_port()

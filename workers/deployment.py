@@ -10,29 +10,11 @@ from typing import Any
 
 from ray import serve
 
+from common.loopback import bind_host
+from common.tracing import configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
-from dispatcher.loopback import bind_host
-from dispatcher.telemetry import configure_tracing, finished_spans
-from workers.engine import SimulatedEngine, StepTimeModel
-from workers.runner import EngineRunner
-from workers.simulated_runner import SimulatedRunner
+from workers.engines import engine_for
 from workers.worker import Worker
-
-
-def make_runner(workers: dict[str, Any]) -> EngineRunner:
-    """The engine a replica runs, from the config's ``workers`` section."""
-    if workers["engine"] == "vllm":
-        from workers.vllm_engine.runner import VllmRunner
-        from workers.vllm_engine.settings import VllmSettings
-
-        return VllmRunner(VllmSettings.from_dict(workers["vllm"]))
-    engine = SimulatedEngine(
-        workers["kv_tokens"],
-        StepTimeModel(**workers["step_model"]),
-        block_size=workers["block_size"],
-        max_running=workers["max_running"],
-    )
-    return SimulatedRunner(engine)
 
 
 @serve.deployment(
@@ -52,7 +34,8 @@ class WorkerReplica:
             return await actor.address.remote()
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        self.worker = Worker(worker_id, locate, secret.encode(), make_runner(workers), host=bind_host())
+        runner = engine_for(workers["engine"]).runner(workers["settings"])
+        self.worker = Worker(worker_id, locate, secret.encode(), runner, host=bind_host())
         await self.worker.start()
 
     async def check_health(self) -> None:

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from dispatcher.telemetry import extract_context, tracer
-from dispatcher.tickets import WORKER_AUTH_HEADER, TicketFields, check, worker_token
-from fairgate.rpc import fairgate_pb2 as pb
-from fairgate.rpc import fairgate_pb2_grpc as rpc
-from workers.engine import StepReport
-from workers.runner import EngineRunner, GenerationParams
+from common.rpc import fairgate_pb2 as pb
+from common.rpc import fairgate_pb2_grpc as rpc
+from common.tickets import WORKER_AUTH_HEADER, TicketFields, check, worker_token
+from common.tracing import extract_context, tracer
+from workers.engines.interface import EngineRunner, GenerationParams, StepReport
 
 log = logging.getLogger(__name__)
 

@@ -1,27 +1,31 @@
-"""The pure fairness core: no Ray, gRPC, asyncio, Redis or I/O; time is passed in."""
+"""The pure fairness core: no Ray, gRPC, asyncio, Redis or I/O; time is passed in.
+
+Tenants and requests (``model``), the scheduler that keeps their queues and counters
+(``scheduler``), the fairness policies (``policies``, one module each) and placement rules
+(``placement``, one module each) it is driven by, the ledger every charge goes through (``ledger``),
+cost functions and length predictors, the worker capacity table, snapshots, the fairness figures
+(``fairness``: the one 2U) and the autoscaling rule (``capacity``).
+"""
 
 from dispatcher.core.capacity import Demand, ReplicaCapacity, desired_replicas
 from dispatcher.core.costs import CostFunction, LinearCost, ProfiledCost, cost_from_spec, fit_profiled_cost
+from dispatcher.core.fairness import backlogged_gap, jain_index, two_u, unit_u
 from dispatcher.core.model import Request, Tenant
-from dispatcher.core.policies import POLICY_NAMES, Policy, parse_policy
-from dispatcher.core.predictors import MovingAveragePredictor, NoPredictor, OraclePredictor
-from dispatcher.core.scheduler import (
+from dispatcher.core.placement import PlacementRule, make_placement, placement_names
+from dispatcher.core.policies import FairnessPolicy, make_policy, policy_names, policy_usages
+from dispatcher.core.reasons import (
     FINISH_WORKER_LOST,
     REJECT_QUEUE_FULL,
     REJECT_QUEUE_TIMEOUT,
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
-    Assignment,
-    FairScheduler,
-    LeaveResult,
-    SchedulerConfig,
 )
+from dispatcher.core.scheduler import Assignment, FairScheduler, LeaveResult, SchedulerConfig
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 __all__ = [
     "FINISH_WORKER_LOST",
-    "POLICY_NAMES",
     "REJECT_QUEUE_FULL",
     "REJECT_QUEUE_TIMEOUT",
     "REJECT_RATE_LIMITED",
@@ -31,12 +35,10 @@ __all__ = [
     "CostFunction",
     "Demand",
     "FairScheduler",
+    "FairnessPolicy",
     "LeaveResult",
     "LinearCost",
-    "MovingAveragePredictor",
-    "NoPredictor",
-    "OraclePredictor",
-    "Policy",
+    "PlacementRule",
     "ProfiledCost",
     "ReplicaCapacity",
     "Request",
@@ -44,8 +46,16 @@ __all__ = [
     "Tenant",
     "WorkerSlot",
     "WorkerTable",
+    "backlogged_gap",
     "cost_from_spec",
     "desired_replicas",
     "fit_profiled_cost",
-    "parse_policy",
+    "jain_index",
+    "make_placement",
+    "make_policy",
+    "placement_names",
+    "policy_names",
+    "policy_usages",
+    "two_u",
+    "unit_u",
 ]

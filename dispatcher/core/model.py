@@ -1,4 +1,5 @@
-"""Plain records the scheduler keeps: requests and tenants."""
+"""Plain records the scheduler keeps: requests and tenants. Policies keep their own state (e.g. RPM's
+admission windows) in their own objects."""
 
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ class Tenant:
     queue: deque[Request] = field(default_factory=deque)
     queued_tokens: int = 0
     in_flight: int = 0
-    admitted_at: deque[float] | None = None  # admission times, kept only under a rate limit (RPM)
     submitted: int = 0
     rejected: int = 0
     finished: int = 0
@@ -67,7 +67,6 @@ class Tenant:
             "lifted": self.lifted,
             "queue": [r.to_dict() for r in self.queue],
             "in_flight": self.in_flight,
-            "admitted_at": None if self.admitted_at is None else list(self.admitted_at),
             "submitted": self.submitted,
             "rejected": self.rejected,
             "finished": self.finished,
@@ -86,7 +85,6 @@ class Tenant:
             queue=queue,
             queued_tokens=sum(r.prompt_tokens + r.max_tokens for r in queue),
             in_flight=int(data["in_flight"]),
-            admitted_at=None if data["admitted_at"] is None else deque(float(t) for t in data["admitted_at"]),
             submitted=int(data["submitted"]),
             rejected=int(data["rejected"]),
             finished=int(data["finished"]),

@@ -2,7 +2,7 @@
 
 With a prediction p, VTC charges h(n_p, p) at dispatch, charges only tokens beyond p while decoding,
 and refunds h(n_p, p) - h(n_p, n_q) at finish when the request ended short. Predictors only guess;
-the scheduler does the charging.
+the policies ``vtc-predict`` and ``vtc-oracle`` use them, and the scheduler's ledger does the charging.
 """
 
 from __future__ import annotations
@@ -20,22 +20,6 @@ class Predictor(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
     def restore(self, data: dict[str, Any]) -> None: ...
-
-
-class NoPredictor:
-    """Plain VTC: nothing charged for output until it is generated."""
-
-    def predict(self, tenant: str, max_tokens: int, true_output: int | None) -> int:
-        return 0
-
-    def observe(self, tenant: str, output_tokens: int) -> None:
-        return None
-
-    def snapshot(self) -> dict[str, Any]:
-        return {}
-
-    def restore(self, data: dict[str, Any]) -> None:
-        return None
 
 
 class MovingAveragePredictor:

@@ -1,41 +1,46 @@
-"""The fair scheduler: VTC (and the baselines) over per-tenant queues and a table of workers.
+"""The fair scheduler: per-tenant queues, the waiting set, the worker table, driven by a fairness policy.
 
-This is the one implementation of the algorithm (DESIGN §1). It is pure: no I/O, no clock, no threads;
+This is the one implementation of dispatching (DESIGN §1). It is pure: no I/O, no clock, no threads;
 every event carries ``now``. The simulator, the Ray actor and the tests all drive it through the same
 events: ``submit``, ``assign``, ``on_report``, ``on_finish``, ``cancel``, ``worker_join``,
-``worker_drain``, ``worker_leave``, ``snapshot`` / ``from_snapshot``.
+``worker_drain``, ``worker_leave``, ``requeue``, ``adopt``. What is fair is the policy's to say
+(``dispatcher.core.policies``), where a request runs is the placement rule's
+(``dispatcher.core.placement``), and what it costs is the ledger's (``dispatcher.core.ledger``); this
+module keeps the books consistent between them. Snapshots are in ``dispatcher.core.snapshots``.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
+from dispatcher.core.fairness import two_u
+from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant
-from dispatcher.core.policies import Policy, parse_policy
-from dispatcher.core.predictors import NoPredictor
+from dispatcher.core.placement import make_placement
+from dispatcher.core.policies import FairnessPolicy, make_policy
+from dispatcher.core.reasons import (
+    REJECT_QUEUE_FULL,
+    REJECT_RATE_LIMITED,
+    REJECT_TENANT_QUEUE_FULL,
+    REJECT_TOO_LARGE,
+)
 from dispatcher.core.waiting import WaitingSet
 from dispatcher.core.workers import WorkerSlot, WorkerTable
-
-REJECT_RATE_LIMITED = "rate_limited"
-REJECT_TOO_LARGE = "too_large"
-REJECT_TENANT_QUEUE_FULL = "tenant_queue_full"
-REJECT_QUEUE_FULL = "queue_full"
-REJECT_QUEUE_TIMEOUT = "queue_timeout"
-FINISH_WORKER_LOST = "worker_lost"
-SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Knobs of the scheduler; the fairness policy itself is ``policy``.
+    """Knobs of the scheduler. ``policy``: the fairness policy's spec (``vtc``, ``rpm:5``, ...);
+    ``placement``: the placement rule's name.
 
-    ``strict_head_of_line``: when the least-served tenant's oldest request fits nowhere, stop (True,
-    the default) or try up to ``relaxed_scan`` further tenants in counter order.
+    ``strict_head_of_line``: when the policy's next request fits nowhere, stop (True, the default) or
+    try up to ``relaxed_scan`` further tenants in the policy's order.
     ``output_reserve_cap``: KV tokens reserved for output per request; None reserves the full
     ``max_tokens`` (no engine preemption can happen), a number caps the reserve.
     ``max_engine_waiting``: at most this many requests assigned to a worker but not yet running.
@@ -43,8 +48,9 @@ class SchedulerConfig:
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
     """
 
-    policy: Policy = field(default_factory=lambda: Policy("vtc"))
+    policy: str = "vtc"
     cost: CostFunction = field(default_factory=LinearCost)
+    placement: str = "most-room"
     strict_head_of_line: bool = True
     relaxed_scan: int = 16
     output_reserve_cap: int | None = None
@@ -54,18 +60,32 @@ class SchedulerConfig:
     max_queued: int | None = None
     max_queue_s: float | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", make_policy(self.policy, self.seed).spec)  # refuses unknown ones
+        make_placement(self.placement)
+
     def to_dict(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if k not in ("policy", "cost")}
-        data["policy"] = asdict(self.policy)
-        data["cost"] = self.cost.spec()
-        return data
+        return {
+            "policy": self.policy,
+            "cost": self.cost.spec(),
+            "placement": self.placement,
+            "strict_head_of_line": self.strict_head_of_line,
+            "relaxed_scan": self.relaxed_scan,
+            "output_reserve_cap": self.output_reserve_cap,
+            "max_engine_waiting": self.max_engine_waiting,
+            "seed": self.seed,
+            "max_queued_per_tenant": self.max_queued_per_tenant,
+            "max_queued": self.max_queued,
+            "max_queue_s": self.max_queue_s,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SchedulerConfig:
         policy = data.get("policy", "vtc")
         return cls(
-            policy=parse_policy(policy) if isinstance(policy, str) else Policy(**policy),
+            policy=policy["name"] if isinstance(policy, Mapping) else str(policy),  # older configs: a record
             cost=cost_from_spec(data.get("cost")),
+            placement=str(data.get("placement", "most-room")),
             strict_head_of_line=bool(data.get("strict_head_of_line", True)),
             relaxed_scan=int(data.get("relaxed_scan", 16)),
             output_reserve_cap=data.get("output_reserve_cap"),
@@ -93,27 +113,25 @@ class LeaveResult:
 
 
 class FairScheduler:
-    """Per-tenant queues and counters, the waiting set, the worker table and the charging rules."""
+    """Per-tenant queues and counters, the waiting set and the worker table, under one policy."""
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
-        self.policy = self.config.policy
+        self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
-        self.predictor = self.policy.make_predictor(self.config.seed)
-        self._predict = None if isinstance(self.predictor, NoPredictor) else self.predictor.predict
-        self.workers = WorkerTable(self.config.max_engine_waiting)
+        self.ledger = Ledger(self.cost)
+        self.workers = WorkerTable(make_placement(self.config.placement), self.config.max_engine_waiting)
         self.tenants: dict[str, Tenant] = {}
-        self._by_counter = self.policy.order == "counter"
-        tenants = self.tenants
-        self._waiting = WaitingSet(
-            (lambda name: tenants[name].counter) if self._by_counter else (lambda name: tenants[name].queue[0].seq)
-        )
+        self._key = self.policy.key_function(self.tenants)
+        self._waiting = WaitingSet(self._key)
         self._in_flight: dict[str, Request] = {}
         self._queued_ids: dict[str, str] = {}  # queued request id -> its tenant
-        self._arrivals: deque[tuple[float, str]] = deque()  # (arrival, id), kept only with max_queue_s
+        self._arrivals: list[tuple[float, int, str]] = []  # heap of (arrival, seq, id), only with max_queue_s
         self._last_left: str | None = None
         self._next_seq = 0
         self._settled: dict[str, tuple[int, int, int]] = {}  # id -> (prompt, output, charged output)
+        self.longest_prompt = 0  # of every request submitted, and the largest max_tokens: for 2U
+        self.longest_output = 0
         self.dropped: list[tuple[Request, str]] = []
 
     # ----------------------------------------------------------------- tenants
@@ -126,7 +144,9 @@ class FairScheduler:
         if tenant is None:
             tenant = self.tenants[name] = Tenant(name, float(weight))
         else:
+            before = self._key_if_waiting(tenant)
             tenant.weight = float(weight)
+            self._rekey_if_lower(tenant, before)
         return tenant
 
     # ------------------------------------------------------------------ events
@@ -147,13 +167,12 @@ class FairScheduler:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
         t.submitted += 1
-        cap = self.config.output_reserve_cap
-        need = prompt_tokens + (max_tokens if cap is None or cap > max_tokens else cap)
-        largest = self.workers._largest
+        need = self._need(prompt_tokens, max_tokens)
+        largest = self.workers.largest_pool()
         if largest and need > largest:
             t.rejected += 1
             return REJECT_TOO_LARGE
-        if self.policy.rpm_limit is not None and not self._admit_rate(t, now):
+        if not self.policy.admit(t, now):
             t.rejected += 1
             return REJECT_RATE_LIMITED
         config = self.config
@@ -165,45 +184,50 @@ class FairScheduler:
             return REJECT_QUEUE_FULL
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
         self._next_seq += 1
+        if prompt_tokens > self.longest_prompt:
+            self.longest_prompt = prompt_tokens
+        if max_tokens > self.longest_output:
+            self.longest_output = max_tokens
         if not t.queue:
-            self._rejoin(t)
+            self.policy.rejoin(t, self._floor)
             t.queue.append(req)
-            self._waiting.push(tenant, self._key(t))
+            self._waiting.push(tenant, self._key(tenant))
         else:
             t.queue.append(req)
         t.queued_tokens += prompt_tokens + max_tokens
         self._queued_ids[request_id] = tenant
         if config.max_queue_s is not None:
-            self._arrivals.append((now, request_id))
+            heapq.heappush(self._arrivals, (now, req.seq, request_id))
         return None
 
     def assign(self, now: float) -> list[Assignment]:
-        """Dispatch, least-served tenant first, every request that can start now."""
+        """Dispatch, in the policy's order, every request that can start now."""
         out: list[Assignment] = []
         if not self.workers.slots:
             return out
         waiting, tenants, place, has_slack = self._waiting, self.tenants, self.workers.place, self.workers.has_slack
+        next_request = self.policy.next_request
         while has_slack():
             top = waiting.peek()
             if top is None:
                 break
             tenant = tenants[top[1]]
-            req = tenant.queue[0]
-            slot = place(req.need)
+            req = next_request(tenant)
+            slot = place(req.need, req)
             if slot is None:
                 largest = self.workers.largest_pool()
                 if largest and req.need > largest:
-                    self._drop_head(tenant, REJECT_TOO_LARGE)
+                    self._drop(tenant, req, REJECT_TOO_LARGE)
                     continue
                 if self.config.strict_head_of_line:
                     break
                 picked = self._relaxed_pick()
                 if picked is None:
                     break
-                tenant, slot = picked
-                out.append(Assignment(self._dispatch(tenant, slot, now, at_top=False), slot.id))
+                tenant, req, slot = picked
+                out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=False), slot.id))
                 continue
-            out.append(Assignment(self._dispatch(tenant, slot, now, at_top=True), slot.id))
+            out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=True), slot.id))
         return out
 
     def on_report(
@@ -218,34 +242,30 @@ class FairScheduler:
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens) and tokens generated."""
         in_flight = self._in_flight
-        lowered: list[Tenant] = []
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
                 if req is not None and not req.started:
-                    self._mark_started(req, prompt_tokens, lowered)
-        total = self.cost.total
-        tenants = self.tenants
+                    self._mark_started(req, prompt_tokens)
+        tenants, ledger = self.tenants, self.ledger
         for rid, k in new_tokens.items():
             req = in_flight.get(rid)
             if req is None or k <= 0:
                 continue
             if not req.started:
-                self._mark_started(req, req.prompt_tokens, lowered)
+                self._mark_started(req, req.prompt_tokens)
             t = tenants[req.tenant]
             t.output_tokens += k
-            old = req.output_tokens
+            n_p, old, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             new = old + k
-            n_p = req.prompt_tokens
-            cost_new = total(n_p, new)
-            cost_old = total(n_p, old)
-            t.service += cost_new - cost_old
             req.output_tokens = new
-            charged = req.charged_output
-            if new > charged:
-                if charged != old:
-                    cost_old = total(n_p, charged)
-                t.counter += (cost_new - cost_old) / t.weight
+            if charged == old:  # nothing charged ahead: service and counter move together
+                ledger.serve(t, (n_p, old), (n_p, new))
+                req.charged_output = new
+                continue
+            ledger.serve(t, (n_p, old), (n_p, new), charge=False)
+            if new > charged:  # beyond what was charged ahead (a prediction): charge the rest now
+                ledger.charge(t, (n_p, charged), (n_p, new))
                 req.charged_output = new
         slot = self.workers.slots.get(worker_id)
         if slot is not None:
@@ -255,9 +275,6 @@ class FairScheduler:
                 slot.running = running
             if waiting is not None:
                 slot.waiting = waiting
-        for t in lowered:  # increases are picked up lazily by the waiting set; decreases must be pushed
-            if t.queue:
-                self._waiting.push(t.name, self._key(t))
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
         """A request ended on its worker: settle its charges and free its reservation."""
@@ -268,50 +285,37 @@ class FairScheduler:
             self.on_report(req.worker or "", {request_id: output_tokens - req.output_tokens})
         del self._in_flight[request_id]
         t = self.tenants[req.tenant]
+        before = self._key_if_waiting(t)
         if not req.started and req.output_tokens == 0:
             self._refund_dispatch(t, req)
-        elif req.charged_output > req.output_tokens:
+        elif req.charged_output > req.output_tokens:  # ended short of its prediction: refund the rest
             n_p = req.prompt_tokens
-            refund = self.cost.total(n_p, req.charged_output) - self.cost.total(n_p, req.output_tokens)
-            t.counter -= refund / t.weight
+            self.ledger.charge(t, (n_p, req.charged_output), (n_p, req.output_tokens))
             req.charged_output = req.output_tokens
-            if self._by_counter and t.queue:
-                self._waiting.push(t.name, t.counter)
         self._release(req)
         t.in_flight -= 1
         t.finished += 1
+        self._rekey_if_lower(t, before)
         if reason in ("stop", "length"):
-            self.predictor.observe(req.tenant, req.output_tokens)
+            self.policy.observe(req.tenant, req.output_tokens)
         return req
 
     def cancel(self, request_id: str) -> bool:
         """Withdraw a request still waiting in its queue (client gone). In-flight ones are aborted at
         their worker, whose finish event settles them."""
-        tenant = self._queued_ids.get(request_id)
-        if tenant is None:
-            return False
-        t = self.tenants[tenant]
-        for req in t.queue:
-            if req.id == request_id:
-                was_head = t.queue[0] is req
-                t.queue.remove(req)
-                t.queued_tokens -= req.prompt_tokens + req.max_tokens
-                del self._queued_ids[request_id]
-                self._after_queue_change(t, was_head)
-                return True
-        return False
+        return self._withdraw(request_id, None)
 
     def expire(self, now: float) -> list[str]:
-        """Withdraw the requests that have waited longer than ``max_queue_s``; returns their ids.
-        Each tenant's queue is in arrival order, so an expiring request is at its queue's head."""
+        """Withdraw the requests that have waited longer than ``max_queue_s`` since they arrived (one
+        put back in its queue after a failed placement included); returns their ids."""
         limit = self.config.max_queue_s
         if limit is None:
             return []
         expired: list[str] = []
         arrivals = self._arrivals
         while arrivals and arrivals[0][0] <= now - limit:
-            _, request_id = arrivals.popleft()
-            if self.cancel(request_id):
+            _, seq, request_id = heapq.heappop(arrivals)
+            if self._withdraw(request_id, seq):  # the same submission, not a later one with its id
                 expired.append(request_id)
         return expired
 
@@ -338,9 +342,11 @@ class FairScheduler:
                 requeued.append(req.id)
                 continue
             t = self.tenants[req.tenant]
+            before = self._key_if_waiting(t)
             del self._in_flight[req.id]
             t.in_flight -= 1
             t.finished += 1
+            self._rekey_if_lower(t, before)
             self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output)
             lost.append(req.id)
         requeued.reverse()
@@ -353,20 +359,21 @@ class FairScheduler:
         if req is None or req.started:
             return False
         t = self.tenants[req.tenant]
+        before = self._key_if_waiting(t)
         del self._in_flight[request_id]
         t.in_flight -= 1
         self._release(req)
         self._refund_dispatch(t, req)
         req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
-        if not t.queue:
-            t.queue.appendleft(req)
-            self._waiting.push(t.name, self._key(t))
+        t.queue.appendleft(req)
+        if before is None:  # it waits again, ahead of everything it sent later
+            self._waiting.push(t.name, self._key(t.name))
         else:
-            t.queue.appendleft(req)
-            if not self._by_counter:
-                self._waiting.push(t.name, self._key(t))
+            self._rekey_if_lower(t, before)
         t.queued_tokens += req.prompt_tokens + req.max_tokens
         self._queued_ids[req.id] = t.name
+        if self.config.max_queue_s is not None:  # it waits again, still counted from its arrival
+            heapq.heappush(self._arrivals, (req.arrival, req.seq, req.id))
         return True
 
     def adopt(
@@ -381,19 +388,15 @@ class FairScheduler:
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
-        total = self.cost.total
         before_p, before_out, before_charged = self._settled.pop(request_id, (0, 0, 0))
-        if before_p or before_out or before_charged:
-            served_before = total(before_p, before_out)
-            charged_before = total(before_p, before_charged)
-        else:
-            served_before = charged_before = 0.0
+        known = bool(before_p or before_out or before_charged)
         charged = max(output_tokens, before_charged)
-        t.service += total(prompt_tokens, output_tokens) - served_before
-        t.counter += (total(prompt_tokens, charged) - charged_before) / t.weight
+        self.ledger.serve(t, (before_p, before_out) if known else None, (prompt_tokens, output_tokens), charge=False)
+        self.ledger.charge(t, (before_p, before_charged) if known else None, (prompt_tokens, charged))
         t.output_tokens += max(0, output_tokens - before_out)
-        need = self._need(prompt_tokens, max(max_tokens, output_tokens, 1))
-        req = Request(request_id, tenant, prompt_tokens, max(max_tokens, output_tokens, 1), 0.0, self._next_seq, need)
+        length = max(max_tokens, output_tokens, 1)
+        need = self._need(prompt_tokens, length)
+        req = Request(request_id, tenant, prompt_tokens, length, 0.0, self._next_seq, need)
         self._next_seq += 1
         req.worker, req.started = worker_id, True
         req.output_tokens, req.charged_output = output_tokens, charged
@@ -401,14 +404,17 @@ class FairScheduler:
         slot.in_flight += 1
         t.in_flight += 1
         self._in_flight[request_id] = req
-        if self._by_counter and t.queue:
-            self._waiting.push(t.name, t.counter)
         return True
 
     # ------------------------------------------------------------------ views
 
     def is_backlogged(self, tenant: str) -> bool:
         return tenant in self._waiting
+
+    def next_in_line(self) -> Request | None:
+        """The request the policy would dispatch next: what ``assign`` tries to place first."""
+        top = self._waiting.peek()
+        return None if top is None else self.policy.next_request(self.tenants[top[1]])
 
     def waiting_tenants(self) -> list[str]:
         return list(self._waiting)
@@ -434,6 +440,11 @@ class FairScheduler:
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
         return not self._waiting and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
+
+    def fairness_bound(self) -> float:
+        """2U for the requests seen so far on the workers taking work now (the live page's bound)."""
+        pool = sum(w.kv_tokens for w in self.workers.slots.values() if not w.draining)
+        return two_u(self.cost, self.longest_prompt, self.longest_output, pool)
 
     def demand(self) -> Demand:
         """Running and waiting load against the workers taking work (the autoscaler's input)."""
@@ -476,87 +487,23 @@ class FairScheduler:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything needed to continue exactly where this scheduler is, as JSON-able data."""
-        return {
-            "version": SNAPSHOT_VERSION,
-            "config": self.config.to_dict(),
-            "tenants": [t.state() for t in self.tenants.values()],
-            "in_flight": [r.to_dict() for r in self._in_flight.values()],
-            "waiting": [[name, tie] for name, tie in self._waiting.entries()],
-            "next_tie": self._waiting.next_tie,
-            "next_seq": self._next_seq,
-            "last_left": self._last_left,
-            "workers": self.workers.snapshot(),
-            "predictor": self.predictor.snapshot(),
-            "settled": [[rid, *row] for rid, row in self._settled.items()],
-        }
+        return snapshots.snapshot(self)
+
+    @classmethod
+    def from_snapshot(cls, data: Mapping[str, Any]) -> FairScheduler:
+        return snapshots.from_snapshot(data)
 
     def durable_state(self) -> dict[str, Any]:
-        """What a restarted dispatcher needs to continue fairly (counters, last-left tenant, predictor,
-        and what each running request was charged), without the queues and workers: after a restart
-        queued requests come back from their callers and running ones from their workers (``adopt``)."""
-        tenants = {
-            t.name: {k: v for k, v in t.state().items() if k not in ("queue", "in_flight", "admitted_at")}
-            for t in self.tenants.values()
-        }
-        total = self.cost.total
-        for r in self._in_flight.values():
-            if not r.started:  # counted as if refunded: it starts later (adopted) or is submitted again
-                row = tenants[r.tenant]
-                row["service"] -= total(r.prompt_tokens, 0)
-                row["counter"] -= total(r.prompt_tokens, r.charged_output) / row["weight"]
-        return {
-            "version": SNAPSHOT_VERSION,
-            "tenants": list(tenants.values()),
-            "charged": [
-                [r.id, r.prompt_tokens, r.output_tokens, r.charged_output]
-                for r in self._in_flight.values()
-                if r.started
-            ]
-            + [[rid, *row] for rid, row in self._settled.items()],
-            "next_seq": self._next_seq,
-            "last_left": self._last_left,
-            "predictor": self.predictor.snapshot(),
-        }
+        """What a restarted dispatcher needs to continue fairly (``dispatcher.core.snapshots``)."""
+        return snapshots.durable_state(self)
 
     def restore_durable(self, data: Mapping[str, Any]) -> None:
         """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
-        if data.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported state version {data.get('version')!r}")
-        if self._in_flight or self._queued_ids:
-            raise ValueError("restore_durable needs a scheduler with nothing queued or in flight")
-        for row in data["tenants"]:
-            t = Tenant.from_state({**row, "queue": [], "in_flight": 0, "admitted_at": None})
-            self.tenants[t.name] = t
-        self._settled = {rid: (int(p), int(out), int(charged)) for rid, p, out, charged in data["charged"]}
-        self._next_seq = int(data["next_seq"])
-        last = data["last_left"]
-        self._last_left = last if last in self.tenants else None
-        self.predictor.restore(data["predictor"])
+        snapshots.restore_durable(self, data)
 
     def forget_settled(self) -> None:
         """Drop what was kept for re-announcements (once every worker has had time to re-attach)."""
         self._settled.clear()
-
-    @classmethod
-    def from_snapshot(cls, data: Mapping[str, Any]) -> FairScheduler:
-        if data.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
-        sched = cls(SchedulerConfig.from_dict(data["config"]))
-        for row in data["tenants"]:
-            t = Tenant.from_state(row)
-            sched.tenants[t.name] = t
-            sched._queued_ids.update((r.id, t.name) for r in t.queue)
-        sched._in_flight = {r["id"]: Request(**r) for r in data["in_flight"]}
-        sched._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
-        sched._next_seq = int(data["next_seq"])
-        sched._last_left = data["last_left"]
-        sched.workers.restore(data["workers"])
-        sched.predictor.restore(data["predictor"])
-        sched._settled = {rid: (int(p), int(o), int(c)) for rid, p, o, c in data.get("settled", [])}
-        if sched.config.max_queue_s is not None:
-            queued = sorted((r.arrival, r.id) for t in sched.tenants.values() for r in t.queue)
-            sched._arrivals.extend(queued)
-        return sched
 
     # --------------------------------------------------------------- internals
 
@@ -564,47 +511,64 @@ class FairScheduler:
         cap = self.config.output_reserve_cap
         return prompt_tokens + (max_tokens if cap is None else min(max_tokens, cap))
 
-    def _key(self, t: Tenant) -> float:
-        return t.counter if self._by_counter else t.queue[0].seq
-
-    def _rejoin(self, t: Tenant) -> None:
-        """VTC's lift: a tenant re-joining the waiting set keeps no idle credit (DESIGN §1)."""
-        if not self.policy.lift:
-            return
+    def _floor(self) -> Tenant | None:
+        """For the lift: the least-served waiting tenant, or the last to leave when no one waits."""
         top = self._waiting.peek()
         if top is not None:
-            floor = self.tenants[top[1]].counter
-        elif self._last_left is not None:
-            floor = self.tenants[self._last_left].counter
-        else:
-            return
-        if floor > t.counter:
-            t.lifted += floor - t.counter
-            t.counter = floor
+            return self.tenants[top[1]]
+        return None if self._last_left is None else self.tenants.get(self._last_left)
 
-    def _admit_rate(self, t: Tenant, now: float) -> bool:
-        window = t.admitted_at
-        if window is None:
-            window = t.admitted_at = deque()
-        horizon = now - self.policy.rpm_window_s
-        while window and window[0] <= horizon:
-            window.popleft()
-        if len(window) >= (self.policy.rpm_limit or 0):
+    def _key_if_waiting(self, t: Tenant) -> float | None:
+        return self._key(t.name) if t.queue else None
+
+    def _rekey_if_lower(self, t: Tenant, before: float | None) -> None:
+        """The waiting set re-keys growing keys lazily; a key that went down must be pushed. Every event
+        that may lower a tenant's key under some policy (a refund, a finished or lost request, a request
+        put back at the head of the queue, a weight change) ends here."""
+        if before is not None and t.queue:
+            key = self._key(t.name)
+            if key < before:
+                self._waiting.push(t.name, key)
+
+    def _withdraw(self, request_id: str, seq: int | None) -> bool:
+        """Remove a waiting request by id (and, when given, only the submission numbered ``seq``)."""
+        tenant = self._queued_ids.get(request_id)
+        if tenant is None:
             return False
-        window.append(now)
-        return True
+        t = self.tenants[tenant]
+        for req in t.queue:
+            if req.id == request_id and (seq is None or req.seq == seq):
+                self._take(t, req)
+                return True
+        return False
 
-    def _dispatch(self, t: Tenant, slot: WorkerSlot, now: float, at_top: bool) -> Request:
-        """Start ``t``'s oldest request on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
-        req = t.queue.popleft()
+    def _unqueue(self, t: Tenant, req: Request) -> None:
+        """Remove a waiting request from its tenant's queue (the waiting set is the caller's)."""
+        if t.queue[0] is req:
+            t.queue.popleft()
+        else:
+            t.queue.remove(req)
+        t.queued_tokens -= req.prompt_tokens + req.max_tokens
         self._queued_ids.pop(req.id, None)
+
+    def _take(self, t: Tenant, req: Request) -> None:
+        """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order)."""
+        self._unqueue(t, req)
+        if not t.queue:
+            self._waiting.remove(t.name)
+            self._last_left = t.name
+
+    def _dispatch(self, t: Tenant, req: Request, slot: WorkerSlot, now: float, at_top: bool) -> Request:
+        """Start ``req`` of ``t`` on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
+        if at_top:  # its waiting set entry is updated below, in place: one heap operation
+            self._unqueue(t, req)
+        else:
+            self._take(t, req)
+        predicted = self.policy.predict(t, req)
         n_p = req.prompt_tokens
-        t.queued_tokens -= n_p + req.max_tokens
-        predicted = self._predict(t.name, req.max_tokens, req.true_output) if self._predict else 0
-        total = self.cost.total
-        prefill = total(n_p, 0)
-        t.service += prefill
-        t.counter += (total(n_p, predicted) if predicted else prefill) / t.weight
+        self.ledger.serve(t, None, (n_p, 0), charge=not predicted)
+        if predicted:  # the predicted output is charged ahead, with the prompt
+            self.ledger.charge(t, None, (n_p, predicted))
         req.predicted = req.charged_output = predicted
         req.worker, req.dispatched_at = slot.id, now
         slot.committed += req.need
@@ -613,40 +577,31 @@ class FairScheduler:
         slot.in_flight += 1
         t.in_flight += 1
         self._in_flight[req.id] = req
-        if not at_top:
-            self._after_queue_change(t, True)
-        elif t.queue:
-            self._waiting.replace_top(t.name, t.counter if self._by_counter else t.queue[0].seq)
-        else:
-            self._waiting.pop_top(t.name)
-            self._last_left = t.name
+        if at_top:
+            if t.queue:
+                self._waiting.replace_top(t.name, self._key(t.name))
+            else:
+                self._waiting.pop_top(t.name)
+                self._last_left = t.name
         return req
 
-    def _after_queue_change(self, t: Tenant, head_changed: bool) -> None:
-        if not t.queue:
-            self._waiting.remove(t.name)
-            self._last_left = t.name
-        elif head_changed and not self._by_counter:
-            self._waiting.push(t.name, self._key(t))
-
-    def _mark_started(self, req: Request, prompt_tokens: int, lowered: list[Tenant]) -> None:
+    def _mark_started(self, req: Request, prompt_tokens: int) -> None:
         req.started = True
         slot = self.workers.slots.get(req.worker or "")
         if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
             t = self.tenants[req.tenant]
-            total = self.cost.total
-            t.service += total(prompt_tokens, req.output_tokens) - total(req.prompt_tokens, req.output_tokens)
-            t.counter += (
-                total(prompt_tokens, req.charged_output) - total(req.prompt_tokens, req.charged_output)
-            ) / t.weight
-            delta = prompt_tokens - req.prompt_tokens
+            before = self._key_if_waiting(t)
+            old, out, charged = req.prompt_tokens, req.output_tokens, req.charged_output
+            self.ledger.serve(t, (old, out), (prompt_tokens, out), charge=charged == out)
+            if charged != out:
+                self.ledger.charge(t, (old, charged), (prompt_tokens, charged))
+            delta = prompt_tokens - old
             req.prompt_tokens = prompt_tokens
             req.need += delta
             if slot is not None:
                 slot.committed += delta
                 slot.pending_tokens += delta
-            if delta < 0:
-                lowered.append(t)
+            self._rekey_if_lower(t, before)
         if slot is not None:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need
@@ -662,28 +617,25 @@ class FairScheduler:
             slot.pending_tokens -= req.need
 
     def _refund_dispatch(self, t: Tenant, req: Request) -> None:
-        """Undo a dispatch that produced nothing: the request was never served."""
-        total = self.cost.total
-        t.service -= total(req.prompt_tokens, 0)
-        t.counter -= total(req.prompt_tokens, req.charged_output) / t.weight
-        if self._by_counter and t.queue:
-            self._waiting.push(t.name, t.counter)
+        """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
+        n_p, charged = req.prompt_tokens, req.charged_output
+        self.ledger.serve(t, (n_p, 0), None, charge=not charged)
+        if charged:
+            self.ledger.charge(t, (n_p, charged), None)
 
-    def _drop_head(self, t: Tenant, reason: str) -> None:
-        req = t.queue.popleft()
-        t.queued_tokens -= req.prompt_tokens + req.max_tokens
+    def _drop(self, t: Tenant, req: Request, reason: str) -> None:
+        self._take(t, req)
         t.rejected += 1
-        self._queued_ids.pop(req.id, None)
-        self._after_queue_change(t, True)
         self.dropped.append((req, reason))
 
-    def _relaxed_pick(self) -> tuple[Tenant, WorkerSlot] | None:
-        """Relaxed head-of-line: the least-served tenant whose oldest request fits somewhere."""
+    def _relaxed_pick(self) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """Relaxed head-of-line: the first tenant in the policy's order whose next request fits."""
         for name in self._waiting.smallest(self.config.relaxed_scan)[1:]:
             t = self.tenants[name]
-            slot = self.workers.place(t.queue[0].need)
+            req = self.policy.next_request(t)
+            slot = self.workers.place(req.need, req)
             if slot is not None:
-                return t, slot
+                return t, req, slot
         return None
 
 

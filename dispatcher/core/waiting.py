@@ -1,10 +1,11 @@
-"""The set of waiting tenants, ordered by a key: O(log n) to pick the least-served one.
+"""The set of waiting tenants, ordered by the policy's key: O(log n) to pick the one served next.
 
 A binary heap (``heapq``, C code) with two kinds of laziness:
 
-- a tenant's entry may hold a key *lower* than its current one. Counters of waiting tenants only grow
-  between dispatches (each decoded token adds to them), so ``peek`` re-keys an entry when it reaches
-  the top instead of the scheduler pushing on every charge. Anything that lowers a key must ``push``.
+- a tenant's entry may hold a key *lower* than its current one. Keys mostly grow (each decoded token
+  adds to a counter; a served head request makes way for a later one), so ``peek`` re-keys an entry
+  when it reaches the top instead of the scheduler pushing on every charge. Anything that lowers a
+  key (a refund, a request put back at the head of its queue) must ``push``.
 - removing a tenant only forgets its live entry; dead entries are dropped when they reach the top,
   and the heap is rebuilt when they outnumber live ones.
 

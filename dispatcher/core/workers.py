@@ -7,9 +7,11 @@ table adds what it has assigned but not yet seen started (``pending``), so it ne
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from dispatcher.core.model import Request
 
 
 @dataclass(slots=True)
@@ -40,21 +42,18 @@ class WorkerSlot:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-# A placement rule picks one worker among those a request fits on.
-PlacementRule = Callable[[list[WorkerSlot]], WorkerSlot]
+class Placement(Protocol):
+    """Picks one worker among those a request fits on (``dispatcher.core.placement`` holds the rules)."""
 
-
-def most_free_then_fewest_running(candidates: list[WorkerSlot]) -> WorkerSlot:
-    """Default rule: the most room, then the fewest running, then the lowest id (deterministic)."""
-    return min(candidates, key=lambda w: (-w.room(), w.running + w.pending_count, w.id))
+    def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot: ...
 
 
 class WorkerTable:
     """All workers; answers "where can this request start now?"."""
 
-    def __init__(self, max_engine_waiting: int = 8, placement: PlacementRule | None = None) -> None:
+    def __init__(self, placement: Placement, max_engine_waiting: int = 8) -> None:
         self.max_engine_waiting = max_engine_waiting
-        self.placement = placement or most_free_then_fewest_running
+        self.placement = placement
         self.slots: dict[str, WorkerSlot] = {}
         self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
         self._largest = 0
@@ -111,7 +110,7 @@ class WorkerTable:
                 return True
         return False
 
-    def place(self, need: int) -> WorkerSlot | None:
+    def place(self, need: int, request: Request | None = None) -> WorkerSlot | None:
         """The worker that should start a request needing ``need`` KV tokens now, or None."""
         limit = self.max_engine_waiting
         fits: list[WorkerSlot] = []
@@ -124,7 +123,7 @@ class WorkerTable:
                 fits.append(w)
         if not fits:
             return None
-        return fits[0] if len(fits) == 1 else self.placement(fits)
+        return fits[0] if len(fits) == 1 else self.placement.choose(fits, request)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [w.to_dict() for w in self.slots.values()]

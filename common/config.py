@@ -1,0 +1,342 @@
+"""The gateway's configuration schema: one YAML file, validated here into typed, frozen sections.
+
+Tenant identity and weight come only from here (and the admin API): the ingress maps an API key's hash
+to a tenant; no header or body field a client sends can change who it is or how much it weighs.
+
+Every process reads its own section of the same validated configuration (it travels through Ray as
+plain data, ``GatewayConfig.plain``). The workers' engine-specific settings are kept as given
+(``workers.settings``): each engine plug-in validates its own (``gateway.config`` does it at load
+time), so nothing here knows any engine. Errors name the field and the value: ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
+
+ADMIN = "(admin)"  # where validate reports a generated admin key
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field."""
+
+
+class _Section(BaseModel):
+    """A section whose unknown keys are refused; numbers are numbers (no bools, no strings)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _OpenSection(_Section):
+    """A section that ignores keys it does not know (as it always has)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class TenantConfig(_Section):
+    name: str
+    key_hash: str
+    weight: float = 1.0
+
+
+class LimitsSettings(_Section):
+    """Caps on requests waiting in the dispatcher (None: no cap)."""
+
+    max_queued_per_tenant: int | None = Field(None, ge=1)
+    max_queued: int | None = Field(None, ge=1)
+    max_queue_s: float | None = Field(None, gt=0)
+
+
+class AutoscalingSettings(_Section):
+    """Replicas follow the dispatcher's demand between ``min_replicas`` (0: scale to zero) and
+    ``max_replicas``; a change must be wanted for ``upscale_delay_s`` / ``downscale_delay_s`` first."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    upscale_delay_s: float = Field(3.0, ge=0)
+    downscale_delay_s: float = Field(30.0, ge=0)
+    target_utilization: float = Field(0.8, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        return self
+
+
+class WorkerSettings(_Section):
+    """The worker replicas. ``settings``: the engine's own settings (e.g. ``kv_tokens`` and
+    ``step_model`` of the simulated engine, the ``vllm`` section), validated by the engine plug-in."""
+
+    count: int = Field(2, ge=0)
+    engine: str = "simulated"
+    num_gpus: float = Field(0.0, ge=0)  # GPUs per worker replica (1 for vLLM on a GPU machine)
+    num_cpus: float = Field(0.0, ge=0)  # CPUs per worker replica (k8s cpu-sim: 1, so replicas land on worker pods)
+    autoscaling: AutoscalingSettings | None = None  # None: a fixed ``count``
+    graceful_shutdown_s: float = Field(600.0, gt=0)  # a replica scaled down finishes what it runs within this
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class IngressSettings(_OpenSection):
+    replicas: int = Field(1, ge=1)
+    max_body_bytes: int = Field(1 << 20, ge=1)
+    default_max_tokens: int = Field(256, ge=1)
+    max_model_len: int = Field(4096, ge=2)
+
+
+class StateSettings(_Section):
+    """Where durable state lives: in memory (None, the default) or Redis (``FAIRGATE_REDIS_URL`` wins)."""
+
+    redis_url: str | None = None
+    key_prefix: str = Field("fairgate", min_length=1)
+    snapshot_interval_s: float = Field(1.0, gt=0)
+    connect_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return url or None
+
+
+class TelemetrySettings(_Section):
+    """Traces over OTLP when ``otlp_endpoint`` is set (or ``OTEL_EXPORTER_OTLP_ENDPOINT``); ``traces:
+    memory`` keeps spans in each process (tests). Metrics: Prometheus at ``/metrics``, per-tenant series
+    for the ``top_tenants`` most served tenants, the rest summed as ``other``."""
+
+    otlp_endpoint: str | None = None
+    traces: Literal["off", "memory"] = "off"
+    top_tenants: int = Field(20, ge=1)
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1)  # share of requests traced (busy gateways: 0.01-0.1)
+
+    @field_validator("traces", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare off as false
+
+
+class GatewayConfig(_Section):
+    model: str
+    scheduler: dict[str, Any]  # SchedulerConfig.to_dict(): plain data, so it travels through Ray
+    workers: WorkerSettings
+    ingress: IngressSettings
+    tenants: tuple[TenantConfig, ...]
+    admin_key_hash: str = ""
+    state: StateSettings = Field(default_factory=StateSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    def plain(self) -> dict[str, Any]:
+        """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
+        data = self.model_dump()
+        data["tenants"] = list(data["tenants"])
+        return data
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, str]]:
+    """Check a configuration (parsed YAML). Returns it and the API keys generated for tenants that had
+    none (tenant -> key; ``ADMIN`` for a generated admin key), to show once and never store."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    try:
+        scheduler = _scheduler(raw)
+        workers = validate_section(WorkerSettings, _split_workers(raw.get("workers") or {}), "workers")
+        ingress = validate_section(IngressSettings, raw.get("ingress") or {}, "ingress")
+        state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
+        telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    generated: dict[str, str] = {}
+    tenants = _tenants(raw, where, generated)
+    admin_key = secret_from_env("FAIRGATE_ADMIN_KEY") or raw.get("admin_api_key")
+    if admin_key is None:
+        admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)
+    elif not isinstance(admin_key, str) or len(admin_key) < 16:
+        raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least 16 characters")
+    if hash_key(admin_key) in {t.key_hash for t in tenants}:
+        raise ConfigError(f"{where}: the admin key must differ from every tenant's key")
+    config = GatewayConfig(
+        model=str(raw.get("model", "fairgate-sim")),
+        scheduler=scheduler,
+        workers=workers,
+        ingress=ingress,
+        tenants=tuple(tenants),
+        admin_key_hash=hash_key(admin_key),
+        state=state,
+        telemetry=telemetry,
+    )
+    return config, generated
+
+
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """A YAML file's content; unreadable or malformed files raise ConfigError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
+
+
+def secret_from_env(name: str) -> str | None:
+    """A secret from the environment: ``NAME`` itself, or the file named by ``NAME_FILE`` (as mounted
+    from a Kubernetes Secret). None when neither is set."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {name}_FILE {path}: {exc.strerror or exc}") from None
+    return None
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+GENERIC_WORKER_KEYS = frozenset(WorkerSettings.model_fields) - {"settings"}
+
+
+def _split_workers(raw: Any) -> Any:
+    """The ``workers`` section's own keys, and everything else as the engine's settings."""
+    if not isinstance(raw, dict):
+        return raw
+    own = {k: v for k, v in raw.items() if k in GENERIC_WORKER_KEYS}
+    return {**own, "settings": {k: v for k, v in raw.items() if k not in GENERIC_WORKER_KEYS}}
+
+
+def _state_env(raw: Any) -> Any:
+    url = secret_from_env("FAIRGATE_REDIS_URL")
+    return {**raw, "redis_url": url} if url and isinstance(raw, dict) else raw
+
+
+def _telemetry_env(raw: Any) -> Any:
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint and isinstance(raw, dict) and not raw.get("otlp_endpoint"):
+        return {**raw, "otlp_endpoint": endpoint}
+    return raw
+
+
+def _scheduler(raw: dict[str, Any]) -> dict[str, Any]:
+    policy = make_policy(str(raw.get("policy", "vtc"))).spec
+    placement = make_placement(str(raw.get("placement", "most-room"))).name
+    cost = cost_from_spec(raw.get("cost"))
+    limits = validate_section(LimitsSettings, raw.get("limits") or {}, "limits")
+    strict = raw.get("strict_head_of_line", True)
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict_head_of_line must be true or false, got {strict!r}")
+    reserve = raw.get("output_reserve_cap")
+    if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0):
+        raise ValueError(f"output_reserve_cap must be a whole number >= 0, got {reserve!r}")
+    return SchedulerConfig(
+        policy=policy,
+        cost=cost,
+        placement=placement,
+        strict_head_of_line=strict,
+        output_reserve_cap=reserve,
+        max_queued_per_tenant=limits.max_queued_per_tenant,
+        max_queued=limits.max_queued,
+        max_queue_s=limits.max_queue_s,
+    ).to_dict()
+
+
+def _tenants(raw: dict[str, Any], where: str, generated: dict[str, str]) -> list[TenantConfig]:
+    tenants = []
+    for i, t in enumerate(_tenant_rows(raw, where)):
+        if not isinstance(t, dict) or not t.get("name"):
+            raise ConfigError(f"{where}: tenants[{i}] needs a name")
+        key = t.get("api_key")
+        if key is None:
+            key = generated[str(t["name"])] = "fg-" + secrets.token_urlsafe(24)
+        elif not isinstance(key, str) or len(key) < 16:
+            raise ConfigError(f"{where}: tenants[{i}].api_key must be a string of at least 16 characters")
+        weight = t.get("weight", 1)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ConfigError(f"{where}: tenants[{i}].weight must be a positive number, got {weight!r}")
+        tenants.append(TenantConfig(name=str(t["name"]), key_hash=hash_key(key), weight=float(weight)))
+    if not tenants:
+        raise ConfigError(f"{where}: at least one tenant is needed")
+    if len({t.name for t in tenants}) != len(tenants) or len({t.key_hash for t in tenants}) != len(tenants):
+        raise ConfigError(f"{where}: tenant names and API keys must be unique")
+    return tenants
+
+
+def _tenant_rows(raw: dict[str, Any], where: str) -> list[Any]:
+    """``tenants`` inline, or ``tenants_file``: a YAML list kept apart from the rest (a mounted Secret)."""
+    path = raw.get("tenants_file")
+    if path is None:
+        return list(raw.get("tenants") or [])
+    if raw.get("tenants"):
+        raise ConfigError(f"{where}: give tenants or tenants_file, not both")
+    rows = read_yaml(path, what=f"{where}: tenants_file")
+    if not isinstance(rows, list):
+        raise ConfigError(f"{where}: tenants_file {path} must hold a list of tenants")
+    return rows
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_section(model: type[M], raw: Any, name: str) -> M:
+    """Validate one section (``name``: where it sits, e.g. ``workers.vllm``); the first problem
+    becomes a ``ValueError`` of one clear line naming the field and the value."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name} must be a mapping, got {raw!r}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(_explain(exc.errors()[0], name, model)) from None
+
+
+def _explain(error: Any, section: str, model: type[BaseModel]) -> str:
+    loc = [str(p) for p in error.get("loc", ()) if p != "settings"]
+    field = ".".join([section, *loc])
+    kind, ctx, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
+    if kind == "extra_forbidden":
+        owner = ".".join([section, *loc[:-1]])
+        fields = _fields_at(model, loc[:-1])
+        return f"{owner} takes {', '.join(sorted(fields))}; unknown: {loc[-1]}"
+    wants = {
+        "int_type": "a whole number",
+        "float_type": "a number",
+        "bool_type": "true or false",
+        "string_type": "a string",
+        "model_type": "a mapping",
+        "dict_type": "a mapping",
+        "greater_than_equal": f">= {ctx.get('ge')}",
+        "greater_than": f"> {ctx.get('gt')}",
+        "less_than_equal": f"<= {ctx.get('le')}",
+        "less_than": f"< {ctx.get('lt')}",
+        "literal_error": f"one of {ctx.get('expected')}",
+        "string_too_short": "a non-empty string",
+    }.get(kind)
+    if wants is not None:
+        return f"{field} must be {wants}, got {value!r}"
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{field}: {message}"
+
+
+def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
+    for name in path:
+        annotation = model.model_fields[name].annotation
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+        model = next(a for a in inner if issubclass(a, BaseModel))
+    return list(model.model_fields)

@@ -1,0 +1,45 @@
+"""Fairness figures (pure), one definition each for the simulator's report, the live page, ``/metrics``
+and the tests: VTC's bound 2U, the largest counter gap between backlogged tenants, Jain's index.
+
+U (DESIGN §1) is the most service one tenant can be charged ahead of another in one go: the charge of
+the longest prompt at dispatch, or a full KV pool of output tokens at the costliest per-token charge,
+U = max(h(L, 0), M × max over k of h(n_p, k) - h(n_p, k - 1)). For the linear cost this is
+max(w_p × L, w_q × M). For the profiled cost the per-token charge grows with the prompt and the
+output so far; it is affine in both, so its largest value over prompts up to L and outputs up to O is
+at a corner of that box, and those four corners are what is evaluated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from dispatcher.core.costs import CostFunction
+
+
+def unit_u(cost: CostFunction, longest_prompt: int, longest_output: int, pool_tokens: int) -> float:
+    """U for requests of prompts up to ``longest_prompt`` and outputs up to ``longest_output`` tokens on
+    a KV pool of ``pool_tokens`` (the total of all workers)."""
+    total = cost.total
+    last = max(1, longest_output)
+    per_token = max(total(p, k) - total(p, k - 1) for p in {0, max(0, longest_prompt)} for k in {1, last})
+    return max(total(longest_prompt, 0), per_token * pool_tokens)
+
+
+def two_u(cost: CostFunction, longest_prompt: int, longest_output: int, pool_tokens: int) -> float:
+    """VTC's bound 2U on the gap between two backlogged tenants' service (weight 1)."""
+    return 2.0 * unit_u(cost, longest_prompt, longest_output, pool_tokens)
+
+
+def backlogged_gap(counters: Mapping[str, float], backlogged: Iterable[str]) -> float:
+    """The largest difference between the counters of tenants waiting now (0 with fewer than two)."""
+    values = [counters[t] for t in backlogged if t in counters]
+    return max(values) - min(values) if len(values) >= 2 else 0.0
+
+
+def jain_index(values: Iterable[float]) -> float | None:
+    """(sum x)^2 / (n * sum x^2): 1 when all are equal, 1/n when one gets everything; None if empty."""
+    xs = [max(0.0, float(x)) for x in values]
+    square = sum(x * x for x in xs)
+    if not xs or square == 0:
+        return None
+    return sum(xs) ** 2 / (len(xs) * square)

@@ -1,0 +1,23 @@
+"""The interface of a placement rule, and the registry of rules by name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from dispatcher.core.model import Request
+from dispatcher.core.registry import Registry
+from dispatcher.core.workers import WorkerSlot
+
+PLACEMENTS: Registry[type[PlacementRule]] = Registry("placement rule")
+register = PLACEMENTS.register
+
+
+class PlacementRule:
+    """Choose one worker among ``fits`` (never empty; every one of them can start the request now).
+    ``request`` is None when the scheduler only asks whether a request of some size would fit."""
+
+    name: ClassVar[str]
+
+    def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
+        raise NotImplementedError

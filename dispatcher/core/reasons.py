@@ -1,0 +1,9 @@
+"""Why the core refused a request or ended it early: the words it answers with, which the ingress maps
+to OpenAI-shaped errors (``ingress.errors``)."""
+
+REJECT_RATE_LIMITED = "rate_limited"  # the policy's admission refused it (rpm:N)
+REJECT_TOO_LARGE = "too_large"  # prompt + output reserve larger than any worker's KV pool
+REJECT_TENANT_QUEUE_FULL = "tenant_queue_full"  # limits.max_queued_per_tenant
+REJECT_QUEUE_FULL = "queue_full"  # limits.max_queued
+REJECT_QUEUE_TIMEOUT = "queue_timeout"  # waited longer than limits.max_queue_s
+FINISH_WORKER_LOST = "worker_lost"  # it had started on a worker that is gone

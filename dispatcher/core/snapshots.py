@@ -1,0 +1,109 @@
+"""A scheduler as data, and back: whole snapshots (experiments, tests) and the durable state a restarted
+dispatcher continues from (written to Redis every second).
+
+A snapshot holds every table, so a restored scheduler makes exactly the decisions the original would
+have made. The durable state holds only what cannot come back from elsewhere: counters, the last
+tenant to leave the waiting set, the policy's own state and what each running request was charged.
+After a restart the waiting requests come back from their callers and the running ones from their
+workers (``FairScheduler.adopt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from dispatcher.core.model import Request, Tenant
+
+if TYPE_CHECKING:
+    from dispatcher.core.scheduler import FairScheduler
+
+SNAPSHOT_VERSION = 2
+DURABLE_VERSION = 1
+_DURABLE_FIELDS = ("name", "weight", "counter", "service", "lifted", "submitted", "rejected", "finished")
+
+
+def snapshot(s: FairScheduler) -> dict[str, Any]:
+    """Everything needed to continue exactly where ``s`` is, as JSON-able data."""
+    return {
+        "version": SNAPSHOT_VERSION,
+        "config": s.config.to_dict(),
+        "tenants": [t.state() for t in s.tenants.values()],
+        "in_flight": [r.to_dict() for r in s._in_flight.values()],
+        "waiting": [[name, tie] for name, tie in s._waiting.entries()],
+        "next_tie": s._waiting.next_tie,
+        "next_seq": s._next_seq,
+        "last_left": s._last_left,
+        "longest": [s.longest_prompt, s.longest_output],
+        "workers": s.workers.snapshot(),
+        "policy": s.policy.snapshot(),
+        "settled": [[rid, *row] for rid, row in s._settled.items()],
+    }
+
+
+def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
+    from dispatcher.core.scheduler import FairScheduler, SchedulerConfig
+
+    if data.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
+    s = FairScheduler(SchedulerConfig.from_dict(data["config"]))
+    for row in data["tenants"]:
+        t = Tenant.from_state(row)
+        s.tenants[t.name] = t
+        s._queued_ids.update((r.id, t.name) for r in t.queue)
+    s._in_flight = {r["id"]: Request(**r) for r in data["in_flight"]}
+    s._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
+    s._next_seq = int(data["next_seq"])
+    s._last_left = data["last_left"]
+    s.longest_prompt, s.longest_output = (int(v) for v in data["longest"])
+    s.workers.restore(data["workers"])
+    s.policy.restore(data["policy"])
+    s._settled = {rid: (int(p), int(o), int(c)) for rid, p, o, c in data["settled"]}
+    if s.config.max_queue_s is not None:
+        s._arrivals = sorted((r.arrival, r.seq, r.id) for t in s.tenants.values() for r in t.queue)  # a heap
+    return s
+
+
+def durable_state(s: FairScheduler) -> dict[str, Any]:
+    """What a restarted dispatcher needs to continue fairly. An assignment that has not started is
+    written as if refunded: after the restart it starts (and is adopted) or is submitted again."""
+    books = {t.name: Tenant(t.name, t.weight, t.counter, t.service, t.lifted) for t in s.tenants.values()}
+    for r in s._in_flight.values():
+        if not r.started:
+            t = books[r.tenant]
+            s.ledger.serve(t, (r.prompt_tokens, 0), None, charge=False)
+            s.ledger.charge(t, (r.prompt_tokens, r.charged_output), None)
+    rows = []
+    for t in s.tenants.values():
+        row = {k: getattr(t, k) for k in _DURABLE_FIELDS}
+        row.update(counter=books[t.name].counter, service=books[t.name].service, output_tokens=t.output_tokens)
+        rows.append(row)
+    return {
+        "version": DURABLE_VERSION,
+        "tenants": rows,
+        "charged": [
+            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output] for r in s._in_flight.values() if r.started
+        ]
+        + [[rid, *row] for rid, row in s._settled.items()],
+        "next_seq": s._next_seq,
+        "last_left": s._last_left,
+        "longest": [s.longest_prompt, s.longest_output],
+        "policy": s.policy.snapshot(),
+    }
+
+
+def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
+    """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
+    if data.get("version") != DURABLE_VERSION:
+        raise ValueError(f"unsupported state version {data.get('version')!r}")
+    if s._in_flight or s._queued_ids:
+        raise ValueError("restore_durable needs a scheduler with nothing queued or in flight")
+    for row in data["tenants"]:
+        t = Tenant.from_state({**row, "queue": [], "in_flight": 0})
+        s.tenants[t.name] = t
+    s._settled = {rid: (int(p), int(out), int(charged)) for rid, p, out, charged in data["charged"]}
+    s._next_seq = int(data["next_seq"])
+    last = data["last_left"]
+    s._last_left = last if last in s.tenants else None
+    s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
+    s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": states written before 0.2

@@ -1,0 +1,129 @@
+"""``fairgate bench``: the core's decisions per second, the gateway's request rate and first-token
+overhead, and a vLLM engine alone against the same engine through the gateway."""
+
+from __future__ import annotations
+
+import argparse
+
+from fairgate.cli.parsing import UsageError, check_policies, positive_ints
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from fairgate.cli.parsing import Parser
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    targets = bench.add_subparsers(dest="target", required=True, parser_class=Parser)
+    core = targets.add_parser("core", help="dispatch decisions per second of the pure core")
+    core.add_argument("--tenants", default="10,1000,100000", help="comma-separated tenant counts")
+    core.add_argument("--decisions", type=int, default=200_000, help="decisions timed per tenant count")
+    core.set_defaults(bench=_core)
+    gw = targets.add_parser("gateway", help="requests/s through the dispatcher; first-token overhead")
+    gw.add_argument("--requests", type=int, default=5000, help="requests pushed through the dispatcher")
+    gw.add_argument("--samples", type=int, default=100, help="first-token samples each way")
+    gw.set_defaults(bench=_gateway)
+    vb = targets.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
+    vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
+    vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
+    vb.add_argument("--max-num-seqs", type=int, default=16, help="vLLM's batch limit")
+    vb.add_argument("--clients", type=int, default=36, help="closed-loop clients, split 1 : 2 between two tenants")
+    vb.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    vb.add_argument("--seconds", type=float, default=20.0, help="measuring window, after a warm-up")
+    vb.add_argument("--port", type=int, default=8001, help="HTTP port on 127.0.0.1 for the gateway run")
+    vb.add_argument("--policies", default="vtc", help="comma-separated gateway policies to run (e.g. vtc,fcfs)")
+    vb.add_argument("--num-gpus", type=float, default=0.0, help="GPUs for the gateway's vLLM worker")
+    vb.add_argument("--eager", action="store_true", help="no CUDA graphs / compilation (starts faster)")
+    vb.set_defaults(bench=_vllm)
+    return bench
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.bench(args)
+
+
+def _core(args: argparse.Namespace) -> int:
+    from loadgen.bench import bench_core
+
+    counts = positive_ints(args.tenants, "--tenants")
+    if args.decisions < 1:
+        raise UsageError("--decisions must be positive")
+    results = bench_core(counts, args.decisions)
+    print("dispatch decisions/s (submit + assign + decode charges + finish), best of 5")
+    print(f"{'tenants':>10}  {'1,000 queued':>13}  {'all waiting':>12}")
+    for n, queued, everyone in results:
+        print(f"{n:>10}  {queued:>13,.0f}  {everyone:>12,.0f}")
+    if len(results) > 1:
+        first, last = results[0], results[-1]
+        print(
+            f"slowdown {last[0]:,} vs {first[0]:,} tenants: {first[1] / last[1]:.2f}x (1,000 queued), "
+            f"{first[2] / last[2]:.2f}x (all waiting)"
+        )
+    return 0
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from common.loopback import ray_environment
+
+    ray_environment()  # before anything imports Ray: it reads these at import time
+    from loadgen.bench_gateway import first_token_overhead, telemetry_overhead, tracing_cost_per_request
+
+    if args.requests < 1 or args.samples < 2:
+        raise UsageError("--requests must be >= 1 and --samples >= 2")
+    rps = telemetry_overhead(args.requests)
+    print(
+        f"dispatcher: {rps['off']:,.0f} requests/s with its telemetry off, {rps['on']:,.0f} with it on "
+        f"({100 * rps['on'] / rps['off']:.0f}%; medians of 3 alternating rounds; submit -> assign -> zero-time "
+        "engine -> report -> finish)"
+    )
+    spans = tracing_cost_per_request()
+    print(
+        f"tracing (ingress and worker processes): {spans['on']:.0f} us per request with spans exported, "
+        f"{spans['off']:.1f} us with tracing off"
+    )
+    ttft = first_token_overhead(args.samples)
+    print(
+        f"first token: gateway p50 {ttft['gateway_p50_ms']:.1f} ms, worker Generate directly p50 "
+        f"{ttft['direct_p50_ms']:.1f} ms; gateway overhead p50 {ttft['overhead_p50_ms']:.1f} ms, "
+        f"p90 {ttft['overhead_p90_ms']:.1f} ms (tracing's share of it: "
+        f"{100 * spans['on'] / 1000 / ttft['overhead_p50_ms']:.1f}%)"
+    )
+    return 0
+
+
+def _vllm(args: argparse.Namespace) -> int:
+    from common.loopback import ray_environment
+
+    ray_environment()
+    from loadgen.bench_vllm import VllmBenchConfig, run_bench
+
+    if min(args.kv_tokens, args.max_num_seqs, args.clients, args.max_tokens) < 1 or args.seconds <= 0:
+        raise UsageError("--kv-tokens, --max-num-seqs, --clients, --max-tokens and --seconds must be positive")
+    policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+    config = VllmBenchConfig(
+        model=args.model,
+        kv_tokens=args.kv_tokens,
+        max_num_seqs=args.max_num_seqs,
+        clients=args.clients,
+        max_tokens=args.max_tokens,
+        window_s=args.seconds,
+        num_gpus=args.num_gpus,
+        enforce_eager=True if args.eager else None,
+    )
+    results = run_bench(config, args.port, policies)
+    direct = results["vLLM alone"].tokens_per_s
+    print(
+        f"offered load: {args.clients} closed-loop clients {config.split()}, {args.max_tokens} output tokens each, "
+        f"{args.seconds:.0f} s measured after a warm-up"
+    )
+    print(
+        f"{'run':<12} {'tokens/s':>9} {'of alone':>9} {'batch':>6} {'alice':>10} {'bob':>10} {'max gap':>9} "
+        f"{'2U':>9} {'backlogged':>11}"
+    )
+    for label, r in results.items():
+        line = f"{label:<12} {r.tokens_per_s:>9.1f} {r.tokens_per_s / direct:>9.1%} {r.mean_batch:>6.1f}"
+        if r.service is not None:
+            line += (
+                f" {r.service['alice']:>10,.0f} {r.service['bob']:>10,.0f} {r.max_gap:>9,.0f} {r.two_u:>9,.0f}"
+                f" {r.backlogged:>11.0%}"
+            )
+        print(line)
+    return 0

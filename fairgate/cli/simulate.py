@@ -1,0 +1,114 @@
+"""``fairgate simulate``: run workloads in virtual time through the real core and engine model, compare
+policies, write ``report.json`` and PNG plots."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from dispatcher.core import LinearCost, ProfiledCost, fit_profiled_cost, policy_usages
+from dispatcher.core.costs import CostFunction
+from fairgate.cli.parsing import UsageError, check_policies, read_profile
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    sim = sub.add_parser("simulate", help="run workloads in virtual time and compare policies")
+    sim.add_argument("--workload", required=True, help="a preset name or a .yaml/.json/.csv file")
+    sim.add_argument(
+        "--policy", action="append", help=f"repeatable; one of {', '.join(policy_usages())} (default: vtc, fcfs)"
+    )
+    sim.add_argument("--replicas", type=int, default=1, help="engines behind the one dispatcher")
+    sim.add_argument("--kv-tokens", type=int, help="KV pool per engine (default: the workload's, or 10000)")
+    sim.add_argument("--out", type=Path, default=Path("out/simulate"), help="where report.json and PNGs go")
+    sim.add_argument("--seed", type=int, default=42)
+    sim.add_argument("--rate-scale", type=float, default=1.0, help="multiply a generated workload's rates")
+    sim.add_argument("--duration", type=float, help="simulate only the first SECONDS of the workload")
+    sim.add_argument("--trace", type=Path, help="trace CSV for the 'real' workload (default: synthesised)")
+    sim.add_argument("--profile", type=Path, help="cost profile JSON to calibrate the engine's step time")
+    sim.add_argument("--cost", choices=("linear", "profiled"), default="linear", help="VTC's cost function")
+    sim.add_argument("--w-p", type=float, default=1.0, help="linear cost weight of a prompt token")
+    sim.add_argument("--w-q", type=float, default=2.0, help="linear cost weight of an output token")
+    sim.add_argument("--relaxed", action="store_true", help="relax the head-of-line rule")
+    sim.add_argument("--output-reserve", type=int, help="cap on KV tokens reserved for output per request")
+    sim.add_argument("--no-preemption", action="store_true", help="stall instead of preempting on KV shortage")
+    sim.add_argument("--block-size", type=int, default=1, help="KV block size in tokens (vLLM: 16, 32 on CPU)")
+    sim.add_argument("--max-running", type=int, help="the engine's batch limit (vLLM's max_num_seqs)")
+    sim.add_argument("--drain", action="store_true", help="run past the duration until every request ends")
+    sim.add_argument("--no-plots", action="store_true")
+    sim.add_argument("--no-progress", action="store_true")
+    return sim
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.plots import plot_workload
+    from loadgen.report import comparison_table, write_report
+    from loadgen.simulator import SimulationConfig, simulate
+    from loadgen.workloads import WorkloadError, load_workloads
+    from workers.engines.simulated import StepTimeModel
+
+    policies = check_policies(args.policy or ["vtc", "fcfs"])
+    if args.replicas < 1:
+        raise UsageError("--replicas must be at least 1")
+    if args.kv_tokens is not None and args.kv_tokens < 1:
+        raise UsageError("--kv-tokens must be positive")
+    if args.output_reserve is not None and args.output_reserve < 0:
+        raise UsageError("--output-reserve must be >= 0")
+    if args.block_size < 1 or (args.max_running is not None and args.max_running < 1):
+        raise UsageError("--block-size and --max-running must be positive")
+    try:
+        workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
+    except WorkloadError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        step_model = StepTimeModel.from_profile(read_profile(args.profile)) if args.profile else None
+        cost = _cost(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.duration is not None and args.duration <= 0:
+        raise UsageError("--duration must be positive")
+    workloads = [w.truncated(args.duration) for w in workloads]
+    started = time.perf_counter()
+    reports = []
+    for workload in workloads:
+        pairs = []
+        for policy in policies:
+            config = SimulationConfig(
+                policy=policy,
+                replicas=args.replicas,
+                kv_tokens=args.kv_tokens,
+                cost=cost,
+                strict_head_of_line=not args.relaxed,
+                output_reserve_cap=args.output_reserve,
+                preemption=not args.no_preemption,
+                block_size=args.block_size,
+                max_running=args.max_running,
+                seed=args.seed,
+                drain=args.drain,
+            )
+            if step_model is not None:
+                config.step_model = step_model
+            summary = simulate(workload, config, progress=not args.no_progress)
+            reports.append(summary.report)
+            pairs.append((summary.report, summary.series))
+        if not args.no_plots:
+            plot_workload(args.out / f"{workload.name}.png", pairs)
+    elapsed = time.perf_counter() - started
+    path = write_report(
+        args.out,
+        reports,
+        {"command": "simulate", "seed": args.seed, "cost": cost.spec(), "wall_s": round(elapsed, 2)},
+    )
+    print(comparison_table(reports))
+    print(f"\nwrote {path}" + ("" if args.no_plots else f" and plots in {args.out}/") + f" ({elapsed:.1f} s)")
+    return 0
+
+
+def _cost(args: argparse.Namespace) -> CostFunction:
+    if args.cost == "linear":
+        if args.w_p < 0 or args.w_q <= 0:
+            raise UsageError("--w-p must be >= 0 and --w-q > 0")
+        return LinearCost(args.w_p, args.w_q)
+    if args.profile is None:
+        return ProfiledCost()
+    return fit_profiled_cost(read_profile(args.profile))

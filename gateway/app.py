@@ -1,0 +1,81 @@
+"""Assemble the whole application (dispatcher, workers, ingress) from a gateway configuration into one
+Ray Serve application, and start it on a local Ray cluster kept on loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray import serve
+
+from common.config import GatewayConfig
+from common.loopback import ray_environment
+from dispatcher.actor import dispatcher_settings
+from ingress.deployment import Ingress
+from workers.autoscaling import POLICY_PATH
+from workers.deployment import WorkerReplica
+from workers.engines import engine_for
+
+
+def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
+    g = config.plain()
+    workers = WorkerReplica.options(**worker_options(app_name, config)).bind(
+        app_name, dispatcher_settings(g), {**g["workers"], "telemetry": g["telemetry"]}, secret
+    )
+    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, workers)
+
+
+def worker_options(app_name: str, config: GatewayConfig) -> dict[str, Any]:
+    """Replicas of the worker deployment: a fixed count, or autoscaled on the dispatcher's demand.
+    A replica scaled down drains: it takes no new work and finishes what runs (``graceful_shutdown_s``)."""
+    w = config.workers
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": w.num_cpus, "num_gpus": w.num_gpus},
+        "graceful_shutdown_timeout_s": w.graceful_shutdown_s,
+    }
+    a = w.autoscaling
+    if a is None:
+        return options | {"num_replicas": w.count}
+    kv_tokens, max_running = engine_for(w.engine).capacity(w.settings)
+    policy = {
+        "policy_function": POLICY_PATH,
+        "policy_kwargs": {
+            "app": app_name,
+            "kv_tokens_per_replica": kv_tokens,
+            "max_running_per_replica": max_running,
+            "target_utilization": a.target_utilization,
+        },
+    }
+    return options | {
+        "autoscaling_config": {
+            "min_replicas": a.min_replicas,
+            "max_replicas": a.max_replicas,
+            "initial_replicas": max(a.min_replicas, min(a.max_replicas, w.count)),
+            "upscale_delay_s": a.upscale_delay_s,
+            "downscale_delay_s": a.downscale_delay_s,
+            "metrics_interval_s": 1.0,
+            "policy": policy,
+        }
+    }
+
+
+def start_local_ray(num_cpus: int | None = None) -> None:
+    """Ray on this machine only: every listener on 127.0.0.1, no usage reporting."""
+    ray_environment()
+    if ray.is_initialized():
+        return
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        namespace="fairgate",
+        _node_ip_address="127.0.0.1",
+        runtime_env={"worker_process_setup_hook": "common.loopback.bind_serve_to_loopback"},
+        logging_level="WARNING",
+    )
+
+
+def run_app(app_name: str, config: GatewayConfig, secret: str, port: int, route_prefix: str = "/") -> str:
+    """Start Serve on 127.0.0.1:``port`` (if not yet started) and deploy the application."""
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(app_name, config, secret), name=app_name, route_prefix=route_prefix)
+    return f"http://127.0.0.1:{port}{route_prefix.rstrip('/')}"

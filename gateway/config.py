@@ -1,0 +1,39 @@
+"""Loading the gateway's configuration: a YAML file (or the embedded ``default_config.yaml``) checked
+against the schema (``common.config``), then the workers' engine settings checked by the engine's own
+plug-in. Everything that starts a gateway reads its configuration through here."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.config import ConfigError, GatewayConfig, read_yaml, validate
+from workers.engines import engine_for
+
+
+def load_config(path: str | Path | None = None) -> tuple[GatewayConfig, dict[str, str]]:
+    """Read a config (the embedded default when ``path`` is None). Returns the config and the API keys
+    generated for tenants that had none (tenant -> key), to show once and never store."""
+    if path is None:
+        raw = yaml.safe_load(resources.files("gateway").joinpath("default_config.yaml").read_text())
+        return parse_config(raw, "default config")
+    return parse_config(read_yaml(path), str(path))
+
+
+def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, str]]:
+    """A configuration as parsed YAML, checked whole (the schema, then the engine's settings)."""
+    config, generated = validate(raw, where)
+    return with_engine(config, config.workers.engine, config.workers.settings, where), generated
+
+
+def with_engine(config: GatewayConfig, engine: str, settings: dict[str, Any], where: str) -> GatewayConfig:
+    """``config`` running ``engine`` with ``settings``, checked by that engine's plug-in."""
+    try:
+        checked = engine_for(engine).settings(settings)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    workers = config.workers.model_copy(update={"engine": engine, "settings": checked})
+    return config.model_copy(update={"workers": workers})

@@ -1,0 +1,85 @@
+"""``/metrics``: one telemetry snapshot of the dispatcher as Prometheus exposition text.
+
+Per-tenant series are kept for the ``top_n`` most served tenants, the rest summed as ``other``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.metrics import OTHER, TENANT_SERIES
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
+    """The exposition text of one telemetry snapshot."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    tenants: dict[str, dict[str, Any]] = snapshot["tenants"]
+    kept = sorted(tenants, key=lambda n: -tenants[n]["service"])[:top_n]
+    rest = [n for n in tenants if n not in kept]
+
+    families: list[Any] = []
+
+    def per_tenant(family: Any, key: str, combine: Any = sum) -> None:
+        for name in kept:
+            family.add_metric([name], tenants[name][key])
+        if rest:
+            family.add_metric([OTHER], combine(tenants[n][key] for n in rest))
+        families.append(family)
+
+    for name, kind, doc, key, combine in TENANT_SERIES:
+        family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        per_tenant(family(name, doc, labels=["tenant"]), key, combine)
+    scalars = [
+        ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
+        ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),
+        ("fairgate_in_flight_requests", "Requests assigned to workers", snapshot["in_flight"]),
+        ("fairgate_fairness_gap", "Largest counter gap between backlogged tenants", snapshot["gap"]),
+        ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
+        ("fairgate_workers", "Workers taking work", sum(1 for w in snapshot["workers"] if not w["draining"])),
+    ]
+    for name, doc, value in scalars:
+        families.append(GaugeMetricFamily(name, doc, value=value))
+    if snapshot.get("jain") is not None:
+        families.append(
+            GaugeMetricFamily("fairgate_jain_index", "Jain's index of service rates, last 60 s", value=snapshot["jain"])
+        )
+    families.append(
+        CounterMetricFamily("fairgate_dispatched", "Requests dispatched to workers", value=snapshot["dispatched"])
+    )
+    for key, doc in (
+        ("kv_tokens", "KV pool in tokens"),
+        ("kv_used_tokens", "KV tokens in use"),
+        ("running", "Requests running in the engine"),
+    ):
+        family = GaugeMetricFamily(f"fairgate_worker_{key}", doc, labels=["worker"])
+        for w in snapshot["workers"]:
+            value = w["kv_tokens"] - w["free_tokens"] if key == "kv_used_tokens" else w[key]
+            family.add_metric([w["id"]], value)
+        families.append(family)
+    for key, doc in (
+        ("ttft", "Time to first token at the dispatcher"),
+        ("latency", "Request latency at the dispatcher"),
+    ):
+        h = snapshot[key]
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, h["buckets"]), "+Inf"], h["counts"], strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        families.append(HistogramMetricFamily(f"fairgate_{key}_seconds", doc, buckets=buckets, sum_value=h["sum"]))
+    registry = CollectorRegistry()
+    registry.register(_Families(families))
+    return generate_latest(registry)
+
+
+class _Families:
+    """A collector that yields families built beforehand (one snapshot, rendered once)."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> Any:
+        return iter(self._families)

@@ -1,0 +1,159 @@
+"""Deploying gateway applications on the session's Serve instance, for end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import ray
+from ray import serve
+
+from common.config import GatewayConfig
+from dispatcher.actor import dispatcher_name
+from gateway.app import build_app
+from gateway.config import parse_config
+
+
+@dataclass
+class Gateway:
+    name: str
+    base_url: str
+    keys: dict[str, str]
+    config: GatewayConfig
+    secret: str
+    raw: dict[str, Any]
+    admin_key: str = ""
+
+    def stats(self) -> dict[str, Any]:
+        actor = ray.get_actor(dispatcher_name(self.name), namespace="fairgate")
+        return ray.get(actor.stats.remote())
+
+    def redeploy(self, workers: int) -> None:
+        raw = dict(self.raw, workers={**self.raw["workers"], "count": workers})
+        config, _ = parse_config(raw)
+        serve.run(build_app(self.name, config, self.secret), name=self.name, route_prefix=f"/{self.name}")
+
+    def delete(self) -> None:
+        serve.delete(self.name)
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(dispatcher_name(self.name), namespace="fairgate"))
+
+
+def deploy(
+    name: str,
+    port: int,
+    *,
+    policy: str = "vtc",
+    workers: int = 2,
+    kv_tokens: int = 4000,
+    step_s: float = 0.01,
+    tenants: tuple[str, ...] = ("alice", "bob", "carol"),
+    max_body_bytes: int = 65536,
+    max_model_len: int = 4096,
+    vllm: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    max_running: int | None = None,
+    autoscaling: dict[str, Any] | None = None,
+    telemetry: dict[str, Any] | None = None,
+) -> Gateway:
+    """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
+    keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
+    admin_key = "fg-admin-test-" + secrets.token_hex(12)
+    engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
+    raw = {
+        "model": vllm["model"] if vllm is not None else "fairgate-sim",
+        "policy": policy,
+        "limits": limits or {},
+        "state": state or {},
+        "telemetry": telemetry or {},
+        "workers": {
+            **engine,
+            "count": workers,
+            "max_running": max_running,
+            "autoscaling": autoscaling,
+            "graceful_shutdown_s": 30,
+            "kv_tokens": kv_tokens,
+            "block_size": 1,
+            "step_model": {
+                "step_overhead_s": step_s,
+                "prefill_per_token_s": 0.0,
+                "decode_per_seq_s": 0.0,
+                "decode_per_ctx_token_s": 0.0,
+            },
+        },
+        "ingress": {"max_body_bytes": max_body_bytes, "max_model_len": max_model_len, "default_max_tokens": 16},
+        "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
+        "admin_api_key": admin_key,
+    }
+    config, _ = parse_config(raw)
+    secret = secrets.token_hex(16)
+    serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")
+    return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw, admin_key)
+
+
+# ----------------------------------------------------------------------------- load
+
+PROMPT = "word " * 60  # 60 prompt tokens for the simulated tokenizer
+MAX_TOKENS = 40
+
+
+def clients(gw: Gateway) -> dict[str, openai.AsyncOpenAI]:
+    return {
+        t: openai.AsyncOpenAI(base_url=gw.base_url, api_key=k, max_retries=0, timeout=120) for t, k in gw.keys.items()
+    }
+
+
+async def closed_loop(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, results: list) -> None:
+    """One client sending the next request as soon as the previous one ends."""
+    while not stop.is_set():
+        try:
+            r = await client.completions.create(
+                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
+            )
+            results.append(r.usage.completion_tokens)
+        except Exception as exc:  # recorded and asserted on: nothing may fail
+            results.append(exc)
+
+
+async def light_probe(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, ttfts: list[float]) -> None:
+    """A light tenant: one short streaming request at a time, now and then; records first-token latency."""
+    while not stop.is_set():
+        start = time.monotonic()
+        stream = await client.completions.create(
+            model=model, prompt="hi", max_tokens=2, stream=True, extra_body={"ignore_eos": True}
+        )
+        first = None
+        async for _ in stream:
+            if first is None:
+                first = time.monotonic() - start
+        ttfts.append(first)
+        await asyncio.sleep(0.5)
+
+
+async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: float = 3.0):
+    """Heavy tenants in closed loops (``load``: tenant -> clients) and carol as a light probe. Returns
+    (service of each heavy tenant between two moments when all were backlogged, carol's first-token
+    latencies, every heavy result)."""
+    c = clients(gw)
+    model = gw.config.model
+    stop = asyncio.Event()
+    results: list = []
+    ttfts: list[float] = []
+    tasks = [asyncio.create_task(closed_loop(c[t], model, stop, results)) for t, n in load.items() for _ in range(n)]
+    tasks.append(asyncio.create_task(light_probe(c["carol"], model, stop, ttfts)))
+    await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
+    first = await asyncio.to_thread(gw.stats)
+    await asyncio.sleep(seconds)
+    last = await asyncio.to_thread(gw.stats)
+    stop.set()
+    await asyncio.gather(*tasks)
+    for t in load:
+        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+    got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
+    return got, ttfts, results

@@ -1,0 +1,332 @@
+"""The dispatcher service and simulated workers over real gRPC on loopback (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from common.rpc import fairgate_pb2 as pb
+from common.rpc import fairgate_pb2_grpc as rpc
+from common.tickets import TicketFields, sign
+from dispatcher.core import LinearCost, SchedulerConfig
+from dispatcher.service import DispatcherService, Placement, Rejected
+from workers.engines.simulated import SimulatedEngine, StepTimeModel
+from workers.engines.simulated.runner import SimulatedRunner
+from workers.engines.simulated.tokenizer import count_tokens
+from workers.worker import Worker
+
+SECRET = b"test-secret-not-for-production"
+FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
+
+
+async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc"):
+    service = DispatcherService(SchedulerConfig(policy=policy), SECRET)
+    address = await service.start()
+    workers = [
+        Worker(f"w{i}", address, SECRET, SimulatedRunner(SimulatedEngine(kv_tokens, FAST))) for i in range(n_workers)
+    ]
+    for w in workers:
+        await w.start()
+    for _ in range(200):
+        if len(service.scheduler.workers) == n_workers:
+            break
+        await asyncio.sleep(0.01)
+    assert len(service.scheduler.workers) == n_workers
+    return service, workers
+
+
+async def shutdown(service, workers):
+    for w in workers:
+        await w.stop()
+    await service.stop()
+
+
+async def generate(placement: Placement, prompt: str, max_tokens: int, ignore_eos: bool = True):
+    async with grpc.aio.insecure_channel(placement.address) as channel:
+        request = pb.GenerateRequest(
+            ticket=placement.ticket_message(), prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos
+        )
+        return [c async for c in rpc.WorkerStub(channel).Generate(request)]
+
+
+def test_submit_assign_generate_and_account_exactly():
+    async def scenario():
+        service, workers = await cluster()
+        prompt = "Tell me, in exactly eleven tokens: why is the sky blue ?"
+        n_prompt = count_tokens(prompt)
+        placement = await service.submit("r1", "alice", n_prompt, 12)
+        assert placement.worker_id == "w0" and placement.address == workers[0].address
+        chunks = await generate(placement, prompt, 12)
+        assert chunks[-1].finish_reason == "length"
+        assert chunks[-1].completion_tokens == 12 and chunks[-1].prompt_tokens == n_prompt
+        assert count_tokens("".join(c.text for c in chunks)) == 12
+        for _ in range(100):  # the finish report may trail the last chunk by a step
+            if not service.scheduler.in_flight():
+                break
+            await asyncio.sleep(0.01)
+        stats = service.stats()
+        assert stats["tenants"]["alice"]["service"] == LinearCost().total(n_prompt, 12)
+        assert stats["in_flight"] == 0 and stats["workers"][0]["committed"] == 0
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("tamper", ["signature", "worker", "expired"])
+def test_worker_refuses_generate_without_a_valid_ticket(tamper):
+    async def scenario():
+        service, workers = await cluster()
+        w = workers[0]
+        fields = TicketFields("forged", "mallory", "w0", time.time() + 30)
+        signature = sign(SECRET, fields)
+        if tamper == "signature":
+            signature = sign(b"some other secret", fields)
+        elif tamper == "worker":
+            fields = TicketFields("forged", "mallory", "w9", fields.expires_at)
+            signature = sign(SECRET, fields)
+        else:
+            fields = TicketFields("forged", "mallory", "w0", time.time() - 1)
+            signature = sign(SECRET, fields)
+        forged = Placement("forged", "w0", w.address, fields, signature)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await generate(forged, "hello", 5)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert not w.runner.has_work()
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_queued_submit_waits_for_capacity_and_cancel_withdraws_it():
+    async def scenario():
+        service, workers = await cluster(kv_tokens=100)
+        first = await service.submit("a", "A", 50, 40)  # holds 90 of 100
+        waiting = asyncio.create_task(service.submit("b", "B", 50, 40))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and service.scheduler.is_backlogged("B")
+        waiting.cancel()
+        await asyncio.sleep(0.01)
+        assert not service.scheduler.is_backlogged("B") and service.scheduler.queue_depth() == 0
+        third = asyncio.create_task(service.submit("c", "C", 50, 40))
+        await generate(first, "x " * 50, 40)  # "a" finishes: "c" gets its place
+        placement = await asyncio.wait_for(third, 5)
+        assert placement.request_id == "c"
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_too_large_request_is_rejected():
+    async def scenario():
+        service, workers = await cluster(kv_tokens=100)
+        with pytest.raises(Rejected, match="too_large"):
+            await service.submit("big", "A", 90, 20)
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
+    """Closed-loop clients, twice as many for B as for A, far more than the worker holds: both tenants
+    stay backlogged. Returns each tenant's service between two moments and whether both were
+    backlogged at both moments."""
+    kv = 2000
+    service, workers = await cluster(kv_tokens=kv, policy=policy)
+    counter = iter(range(1_000_000))
+
+    async def client(tenant: str):
+        while True:
+            p = await service.submit(f"{tenant}{next(counter)}", tenant, 50, 50)
+            await generate(p, "word " * 50, 50)
+
+    tasks = [asyncio.create_task(client("A")) for _ in range(30)]
+    tasks += [asyncio.create_task(client("B")) for _ in range(60)]
+    await asyncio.sleep(0.5)
+    s = service.scheduler
+    backlogged = s.is_backlogged("A") and s.is_backlogged("B")
+    start = {t: s.tenants[t].service for t in "AB"}
+    await asyncio.sleep(seconds)
+    backlogged = backlogged and s.is_backlogged("A") and s.is_backlogged("B")
+    got = [s.tenants[t].service - start[t] for t in "AB"]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await shutdown(service, workers)
+    return got[0], got[1], backlogged
+
+
+def test_vtc_over_grpc_keeps_two_flooding_tenants_within_2u():
+    a, b, backlogged = asyncio.run(flood("vtc", 2.0))
+    assert backlogged
+    assert a > 0 and abs(a - b) <= 2 * max(50, 2 * 2000)
+
+
+def test_fcfs_over_grpc_gives_the_heavier_sender_more():
+    a, b, backlogged = asyncio.run(flood("fcfs", 2.0))
+    assert backlogged
+    assert b > 1.4 * a
+
+
+def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
+    async def scenario():
+        service, workers = await cluster(n_workers=2, kv_tokens=1000)
+        running = await service.submit("r0", "A", 10, 30)
+        drained = workers[int(running.worker_id[1])]
+        job = asyncio.create_task(generate(running, "hi " * 10, 30))
+        await asyncio.sleep(0.01)
+        service.drain(running.worker_id)
+        placements = [await service.submit(f"n{i}", "A", 10, 5) for i in range(5)]
+        assert all(p.worker_id != running.worker_id for p in placements)
+        chunks = await asyncio.wait_for(job, 5)
+        assert chunks[-1].completion_tokens == 30 and chunks[-1].finish_reason == "length"
+        for _ in range(200):
+            if drained.worker_id not in service.scheduler.workers.slots:
+                break
+            await asyncio.sleep(0.01)
+        assert drained.worker_id not in service.scheduler.workers.slots
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
+    async def scenario():
+        ttl = 0.3
+        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=ttl)
+        address = await service.start()
+        worker = Worker("w0", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
+        await worker.start()
+        while not len(service.scheduler.workers):
+            await asyncio.sleep(0.01)
+        await service.submit("ghost", "A", 50, 40)  # assigned, but its caller never calls Generate
+        start = time.monotonic()
+        placement = await asyncio.wait_for(service.submit("next", "B", 50, 40), 5.0)  # no room beside it
+        assert placement.request_id == "next"
+        assert time.monotonic() - start >= ttl - 0.05  # placed only once the ghost's ticket expired
+        assert "ghost" not in service.scheduler.in_flight()
+        assert service.scheduler.tenants["A"].service == 0  # refunded: it was never served
+        await worker.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_only_a_worker_holding_the_cluster_secret_can_attach():
+    async def scenario():
+        service = DispatcherService(SchedulerConfig(), SECRET)
+        address = await service.start()
+        impostor = Worker("impostor", address, b"some-other-secret", SimulatedRunner(SimulatedEngine(100, FAST)))
+        await impostor.start()
+        honest = Worker("honest", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
+        await honest.start()
+        while "honest" not in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # the impostor kept trying meanwhile
+        assert list(service.scheduler.workers.slots) == ["honest"]
+        placements = [await service.submit(f"r{i}", "A", 10, 5) for i in range(3)]
+        assert {p.worker_id for p in placements} == {"honest"}
+        await impostor.stop()
+        await honest.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_worker_credentials_are_bound_to_the_worker_and_expire():
+    from common.tickets import check_worker_token, worker_token
+
+    token = worker_token(SECRET, "w1", 1000.0)
+    assert check_worker_token(SECRET, "w1", token, 1010.0) is None
+    assert check_worker_token(SECRET, "w2", token, 1010.0) == "bad worker credentials"
+    assert check_worker_token(b"other", "w1", token, 1010.0) == "bad worker credentials"
+    assert check_worker_token(SECRET, "w1", token, 5000.0) == "worker credentials too old"
+    assert check_worker_token(SECRET, "w1", "", 1000.0) == "bad worker credentials"
+
+
+def test_a_request_whose_worker_died_before_starting_it_is_placed_again_once():
+    """The worker dies (its stream to the dispatcher breaks) after the request was assigned to it but
+    before it started: the caller asks again with the same id and gets a placement elsewhere; the tenant
+    is charged once."""
+
+    async def scenario():
+        service, workers = await cluster(n_workers=1, kv_tokens=4000)
+        first = await service.submit("r1", "A", 50, 10)
+        assert first.worker_id == "w0"
+        await workers[0].stop()  # gone without a goodbye
+        while "w0" in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        assert service.stats()["orphans"] == 1 and service.scheduler.tenants["A"].service == 0
+        spare = Worker("w1", service.address, SECRET, SimulatedRunner(SimulatedEngine(4000, FAST)))
+        await spare.start()
+        again = await asyncio.wait_for(service.submit("r1", "A", 50, 10, retry=True), 5.0)
+        assert again.worker_id == "w1" and again.request_id == "r1"
+        chunks = await generate(again, "x " * 50, 10)
+        assert chunks[-1].completion_tokens == 10
+        while service.scheduler.in_flight():
+            await asyncio.sleep(0.01)
+        assert service.scheduler.tenants["A"].service == 50 + 2 * 10  # one prefill, ten tokens
+        assert service.stats()["orphans"] == 0 and spare.generated == {"r1": 1}
+        await shutdown(service, [spare])
+
+    asyncio.run(scenario())
+
+
+def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
+    async def scenario():
+        service, workers = await cluster(n_workers=2)
+        placement = await service.submit("r1", "A", 10, 200)
+        stream = asyncio.create_task(generate(placement, "x " * 10, 200))
+        while not service.scheduler.in_flight()["r1"].started:
+            await asyncio.sleep(0.01)
+        victim = next(w for w in workers if w.worker_id == placement.worker_id)
+        await victim.stop()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stream
+        while victim.worker_id in service.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        with pytest.raises(Rejected, match="worker_lost"):
+            await service.submit("r1", "A", 10, 200, retry=True)
+        assert not service.scheduler.in_flight() and service.scheduler.queue_depth() == 0
+        await shutdown(service, [w for w in workers if w is not victim])
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_re_attaching_to_a_restarted_dispatcher_re_announces_what_it_runs():
+    """A new dispatcher (same secret, counters restored) learns the running request from the worker's
+    hello and charges only the tokens generated after the saved state."""
+
+    async def scenario():
+        old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        old_address, new_address = await old.start(), await new.start()
+        where = {"address": old_address}
+
+        async def locate() -> str:
+            return where["address"]
+
+        worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, StepTimeModel(0.01, 0, 0, 0))))
+        await worker.start()
+        while not len(old.scheduler.workers):
+            await asyncio.sleep(0.01)
+        placement = await old.submit("r1", "A", 20, 100)
+        stream = asyncio.create_task(generate(placement, "x " * 20, 100))
+        while old.scheduler.tenants["A"].output_tokens < 10:
+            await asyncio.sleep(0.01)
+        saved = old.scheduler.durable_state()
+        new.scheduler.restore_durable(saved)
+        where["address"] = new_address
+        await old.stop()  # the old dispatcher dies; the stream to the client goes on untouched
+        chunks = await stream
+        assert chunks[-1].completion_tokens == 100
+        while new.scheduler.in_flight():
+            await asyncio.sleep(0.01)
+        a = new.scheduler.tenants["A"]
+        assert a.output_tokens == 100 and a.service == 20 + 2 * 100  # exact across the restart
+        await worker.stop()
+        await new.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,64 @@
+"""The models the project builds for itself: deterministic files, a usable tokenizer and template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workers.engines.vllm.local_models import SHAPES, VOCAB_SIZE, ensure_model
+from workers.engines.vllm.prompts import HuggingFacePrompts
+from workers.engines.vllm.settings import VllmSettings
+
+
+def test_builds_the_same_files_every_time(tmp_path):
+    a = ensure_model("tiny", tmp_path / "a")
+    b = ensure_model("tiny", tmp_path / "b")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    config = json.loads((a / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == VOCAB_SIZE
+    assert config["num_hidden_layers"] == 2 and config["head_dim"] >= 32
+    assert ensure_model("tiny", tmp_path / "a") == a  # already there: reused
+
+
+def test_tokenizer_round_trips_and_applies_the_chat_template(tmp_path):
+    prompts = HuggingFacePrompts(str(ensure_model("tiny", tmp_path / "m")))
+    text = prompts.chat_prompt([{"role": "user", "content": "héllo, wörld 42!"}])
+    assert text == "<|bos|><|user|>héllo, wörld 42!\n<|assistant|>"
+    assert prompts.count(text, templated=True) >= 4
+    assert prompts.count("", templated=False) == 0
+
+
+def test_every_shape_has_a_context_limit_and_unknown_ones_are_refused(tmp_path):
+    for shape in SHAPES:
+        assert VllmSettings(model=shape).context_limit() == SHAPES[shape]["max_position_embeddings"]
+    assert VllmSettings(model="tiny", kv_tokens=1024).context_limit() == 1024
+    assert VllmSettings(model="some/hf-model").context_limit() is None
+    with pytest.raises(ValueError, match="unknown model shape"):
+        ensure_model("huge", tmp_path / "x")
+    with pytest.raises(ValueError, match=r"workers\.vllm takes .*; unknown: tensor_parallel"):
+        VllmSettings.from_dict({"model": "tiny", "tensor_parallel": 2})
+
+
+def test_config_takes_a_vllm_section_and_names_bad_fields():
+    from common.config import ConfigError
+    from gateway.config import parse_config
+    from ingress.prompting import context_limit
+
+    raw = {
+        "model": "tiny",
+        "workers": {"engine": "vllm", "vllm": {"model": "tiny", "kv_tokens": 2048}, "num_gpus": 1},
+        "tenants": [{"name": "a"}],
+    }
+    config, _ = parse_config(raw)
+    assert config.workers.engine == "vllm" and config.workers.settings["vllm"]["kv_tokens"] == 2048
+    assert config.workers.num_gpus == 1.0
+    assert context_limit(config.plain()) == 2048  # the engine's context is below the ingress limit
+    for workers, needle in (
+        ({"engine": "tgi"}, "workers.engine"),
+        ({"engine": "vllm", "vllm": {"modle": "tiny"}}, "unknown: modle"),
+        ({"num_gpus": -1}, "workers.num_gpus"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            parse_config({**raw, "workers": workers})

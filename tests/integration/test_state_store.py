@@ -1,0 +1,94 @@
+"""The Redis state store against a real Redis server, and the ``state`` section of the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from common.config import ConfigError
+from dispatcher.core import FairScheduler, SchedulerConfig
+from dispatcher.state_store import MemoryStore, RedisStore, open_store
+from gateway.config import parse_config
+
+SEED = [{"name": "alice", "key_hash": "h-a", "weight": 1.0}, {"name": "bob", "key_hash": "h-b", "weight": 2.0}]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_yaml_tenants_seed_an_empty_redis_once_then_redis_wins(redis_url):
+    app = "seed-" + uuid.uuid4().hex[:6]
+
+    async def scenario():
+        first = await open_store({"redis_url": redis_url}, app)
+        assert await first.load_tenants(SEED) == SEED
+        await first.put_tenant({"name": "carol", "key_hash": "h-c", "weight": 3.0})
+        await first.delete_tenant("alice")
+        await first.close()
+        again = await open_store({"redis_url": redis_url}, app)
+        changed_yaml = [{"name": "alice", "key_hash": "h-a", "weight": 9.0}]
+        got = sorted(await again.load_tenants(changed_yaml), key=lambda t: t["name"])
+        await again.close()
+        return got
+
+    assert run(scenario()) == [SEED[1], {"name": "carol", "key_hash": "h-c", "weight": 3.0}]
+
+
+def test_durable_state_round_trips_through_redis(redis_url):
+    s = FairScheduler(SchedulerConfig())
+    s.worker_join("w", 1000)
+    s.submit("r1", "alice", 10, 5, 0.0)
+    s.assign(0.0)
+    s.on_report("w", {"r1": 3}, started={"r1": 10})
+
+    async def scenario():
+        store = await open_store({"redis_url": redis_url, "key_prefix": "t"}, "state-" + uuid.uuid4().hex[:6])
+        assert await store.load_state() is None
+        await store.save_state(s.durable_state())
+        got = await store.load_state()
+        await store.close()
+        return got
+
+    restored = FairScheduler(SchedulerConfig())
+    restored.restore_durable(run(scenario()))
+    assert restored.tenants["alice"].counter == s.tenants["alice"].counter
+    assert restored.was_lost("r1")  # known as charged until its worker re-announces it
+
+
+def test_memory_store_is_the_default_and_keeps_nothing():
+    store = run(open_store({}, "x"))
+    assert isinstance(store, MemoryStore)
+    assert run(store.load_tenants(SEED)) == SEED and run(store.load_state()) is None
+
+
+def test_unreachable_redis_fails_with_a_clear_error():
+    from tests.conftest import free_port
+
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", "x")
+    with pytest.raises(RuntimeError, match="Redis did not answer"):
+        run(store.wait_ready(0.5))
+
+
+BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
+
+
+def test_state_section_defaults_to_memory_and_env_url_wins(monkeypatch):
+    config, _ = parse_config(BASE)
+    assert config.state.redis_url is None and config.state.snapshot_interval_s == 1.0
+    config, _ = parse_config({**BASE, "state": {"redis_url": "redis://file:1/0", "snapshot_interval_s": 0.25}})
+    assert config.state.redis_url == "redis://file:1/0" and config.state.snapshot_interval_s == 0.25
+    monkeypatch.setenv("FAIRGATE_REDIS_URL", "redis://env:2/0")
+    config, _ = parse_config({**BASE, "state": {"redis_url": "redis://file:1/0"}})
+    assert config.state.redis_url == "redis://env:2/0"
+
+
+@pytest.mark.parametrize(
+    "state",
+    [{"redis_url": "http://x"}, {"snapshot_interval_s": 0}, {"snapshot_interval_s": True}, {"colour": 1}, "redis"],
+)
+def test_bad_state_sections_are_refused(state):
+    with pytest.raises(ConfigError, match="state"):
+        parse_config({**BASE, "state": state})

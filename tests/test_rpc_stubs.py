@@ -1,7 +1,0 @@
-"""The committed gRPC stubs are exactly what ``proto/`` generates (never edited by hand)."""
-
-from fairgate.rpc.generate import stale_files
-
-
-def test_stubs_match_the_proto_files():
-    assert stale_files() == [], "run `python -m fairgate.rpc.generate` and commit the result"

@@ -1,0 +1,88 @@
+"""The replica-count rule, the core's demand reading, and the autoscaling section of the configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError
+from dispatcher.core import Demand, FairScheduler, ReplicaCapacity, SchedulerConfig, desired_replicas
+from gateway.config import parse_config
+from workers.autoscaling import DispatcherDemandPolicy
+
+
+def demand(**kw) -> Demand:
+    base = dict(
+        queued_requests=0,
+        queued_tokens=0,
+        running_requests=0,
+        committed_tokens=0,
+        workers=1,
+        pool_tokens=1000,
+        max_running=0,
+    )
+    return Demand(**(base | kw))
+
+
+def test_idle_needs_no_replica_and_load_needs_enough_at_the_target_utilisation():
+    cap = ReplicaCapacity(kv_tokens=1000, target_utilization=0.5)
+    assert desired_replicas(demand(), cap) == 0
+    assert desired_replicas(demand(committed_tokens=500), cap) == 1
+    assert desired_replicas(demand(committed_tokens=500, queued_tokens=1), cap) == 2
+    assert desired_replicas(demand(committed_tokens=1000, queued_tokens=1000), cap) == 4
+
+
+def test_request_counts_against_batch_limits_can_dominate():
+    cap = ReplicaCapacity(kv_tokens=1000, max_running=4, target_utilization=1.0)
+    assert desired_replicas(demand(running_requests=4, queued_requests=9, max_running=4), cap) == 4
+    # with no replica yet, the configured capacity is used (scale from zero)
+    assert desired_replicas(demand(workers=0, pool_tokens=0, queued_requests=5, queued_tokens=100), cap) == 2
+
+
+def test_scheduler_demand_counts_queue_commitments_and_workers():
+    s = FairScheduler(SchedulerConfig())
+    s.worker_join("w0", 1000, max_running=8)
+    s.worker_join("w1", 3000, max_running=4)
+    for i in range(3):
+        s.submit(f"r{i}", "A", 100, 50, 0.0)
+    s.assign(0.0)
+    s.submit("q", "B", 10, 20, 0.0)
+    s.worker_drain("w1")
+    d = s.demand()
+    assert d.workers == 1 and d.pool_tokens == 1000 and d.max_running == 8
+    assert d.running_requests == 3 and d.committed_tokens == 450
+    assert d.queued_requests == 1 and d.queued_tokens == 30
+
+
+class Ctx:
+    target_num_replicas = 2
+    capacity_adjusted_min_replicas = 1
+    capacity_adjusted_max_replicas = 3
+
+
+def test_policy_keeps_the_target_without_a_reading_and_bounds_its_answer():
+    policy = DispatcherDemandPolicy("no-such-app", kv_tokens_per_replica=1000, poll_interval_s=60)
+    assert policy(Ctx()) == (2, {})  # no dispatcher answered: no change
+    policy._latest[:] = [(float("inf"), demand(queued_tokens=10_000))]
+    replicas, state = policy(Ctx())
+    assert replicas == 3 and state["fairgate_desired"] == 13
+    policy._stop.set()
+
+
+BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
+
+
+def test_autoscaling_section_parses_and_refuses_nonsense():
+    config, _ = parse_config({**BASE, "workers": {"autoscaling": {"min_replicas": 0, "max_replicas": 3}}})
+    a = config.workers.autoscaling
+    assert a is not None and (a.min_replicas, a.max_replicas, a.upscale_delay_s) == (0, 3, 3.0)
+    assert parse_config(BASE)[0].workers.autoscaling is None
+    for bad in (
+        {"max_replicas": 0},
+        {"min_replicas": 3, "max_replicas": 2},
+        {"target_utilization": 1.5},
+        {"upscale_delay_s": -1},
+        {"replicas": 2},
+        "yes",
+    ):
+        with pytest.raises(ConfigError, match="autoscaling"):
+            parse_config({**BASE, "workers": {"autoscaling": bad}})

@@ -1,0 +1,308 @@
+"""The conformance suite: every registered fairness policy and placement rule through the same checks.
+
+A new policy (``dispatcher/core/policies/``) or placement rule (``dispatcher/core/placement/``) gets
+these tests by being registered. For each one, on random event sequences and random workloads:
+
+- nothing is lost or duplicated, whatever happens (submits, dispatches, engine steps, cancels, aborts,
+  requeues, workers joining, draining and leaving, requests expiring), the books of workers and
+  tenants balance after every event, and the next request is always the policy's first in order;
+- work conservation: after every ``assign`` nothing waiting could start (under the strict head-of-line
+  rule: the policy's next request fits nowhere), and a policy that says it is work conserving never
+  refuses a request for itself;
+- counters equal weighted service plus lifts once every request has settled;
+- a snapshot taken anywhere, restored, makes exactly the same decisions afterwards;
+- the bound the policy states holds on random and adversarial workloads (the simulator, virtual time).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from dispatcher.core import (
+    REJECT_RATE_LIMITED,
+    FairScheduler,
+    ProfiledCost,
+    SchedulerConfig,
+    make_policy,
+    placement_names,
+    unit_u,
+)
+from dispatcher.core.policies import policy_examples
+from loadgen.simulator import Simulation, SimulationConfig
+from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, run, workload_of
+
+CASES = [(policy, placement) for policy in policy_examples() for placement in placement_names()]
+BOUNDED = [policy for policy in policy_examples() if make_policy(policy).bound(1.0) is not None]
+WEIGHTS = {"T0": 1.0, "T1": 2.0, "T2": 0.5, "T3": 1.0}
+POOLS = {"w0": 300, "w1": 500, "w2": 800}  # KV pools of the workers that come and go
+WORKERS = sorted(POOLS)
+
+
+def arguments(kind: str, seed: int) -> tuple:
+    """An event's arguments, drawn from its seed (hypothesis draws kinds and seeds: fast to generate,
+    and a failing list still shrinks to fewer events and smaller seeds)."""
+    r = random.Random(seed)
+    if kind == "submit":  # tenant, prompt, max_tokens, true output
+        return (r.randrange(4), r.randrange(201), r.randint(1, 200), r.randint(1, 200))
+    if kind == "step":
+        return (r.choice(WORKERS), seed)
+    if kind in ("join", "drain", "leave"):
+        return (r.choice(WORKERS),)
+    if kind == "wait":
+        return (r.uniform(0.0, 40.0),)
+    return () if kind == "assign" else (seed,)  # cancel, abort, requeue: which one
+
+
+# Long event lists: submits, dispatches and engine steps most often, every other event mixed in.
+KINDS = (
+    ["submit"] * 6 + ["assign"] * 4 + ["step"] * 8 + ["cancel", "abort", "requeue", "join", "drain", "leave", "wait"]
+)
+events = st.lists(
+    st.tuples(st.sampled_from(KINDS), st.integers(0, 1 << 16)).map(lambda e: (e[0], *arguments(*e))),
+    min_size=40,
+    max_size=160,
+)
+
+
+class Driver:
+    """Applies events to a scheduler and keeps its own books of where every request is."""
+
+    def __init__(self, policy: str, placement: str) -> None:
+        config = SchedulerConfig(
+            policy=policy,
+            placement=placement,
+            cost=ProfiledCost(),
+            max_engine_waiting=3,
+            max_queued_per_tenant=12,
+            max_queue_s=60.0,
+            seed=7,
+        )
+        self.s = FairScheduler(config)
+        for name, weight in WEIGHTS.items():
+            self.s.add_tenant(name, weight)
+        for wid in ("w0", "w1"):  # two workers from the start; events add, drain and remove them
+            self.s.worker_join(wid, POOLS[wid], max_running=4)
+        self.now = 0.0
+        self.n = 0
+        self.where: dict[str, str] = {}  # request id -> queued | running (ended ones leave it)
+        self.lost_ahead: dict[str, float] = dict.fromkeys(WEIGHTS, 0.0)  # charged beyond served, lost requests
+        self.decisions: list[tuple[str, str]] = []
+
+    def twin(self) -> Driver:
+        """A copy whose scheduler comes from a JSON snapshot of this one."""
+        other = copy.copy(self)
+        other.s = FairScheduler.from_snapshot(json.loads(json.dumps(self.s.snapshot())))
+        other.where, other.lost_ahead, other.decisions = dict(self.where), dict(self.lost_ahead), []
+        return other
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, event: tuple) -> None:
+        getattr(self, f"_{event[0]}")(*event[1:])
+        self.check()
+
+    def _submit(self, tenant: int, prompt: int, max_tokens: int, true_output: int) -> None:
+        rid = f"r{self.n}"
+        self.n += 1
+        reason = self.s.submit(rid, f"T{tenant}", prompt, max_tokens, self.now, true_output)
+        if reason is None:
+            self.where[rid] = "queued"
+        elif reason == REJECT_RATE_LIMITED:
+            assert not self.s.policy.work_conserving, "a work-conserving policy refused a request"
+
+    def _assign(self) -> None:
+        s = self.s
+        out = s.assign(self.now)
+        ids = [a.request.id for a in out]
+        assert len(set(ids)) == len(ids)
+        for a in out:
+            assert self.where[a.request.id] == "queued", a.request.id
+            assert not s.workers[a.worker_id].draining
+            self.where[a.request.id] = "running"
+            self.decisions.append((a.request.id, a.worker_id))
+        for req, _ in s.take_dropped():
+            assert self.where[req.id] == "queued"
+            del self.where[req.id]
+        nxt = s.next_in_line()
+        if nxt is not None and s.workers.has_slack():  # work conservation (strict head of line)
+            assert s.workers.place(nxt.need, nxt) is None, f"{nxt.id} could start but waits"
+
+    def _step(self, wid: str, seed: int) -> None:
+        """One engine step of a worker: it starts what was assigned to it and generates 1-32 tokens for
+        everything it runs; a request ends at its true length (stop) or its max_tokens (length)."""
+        s = self.s
+        slot = s.workers.get(wid)
+        if slot is None:
+            return
+        mine = [r for r in s.in_flight().values() if r.worker == wid]
+        started = {r.id: max(0, r.prompt_tokens + (seed + int(r.id[1:])) % 5 - 2) for r in mine if not r.started}
+        new_tokens, finished = {}, []
+        for r in mine:
+            target = min(r.max_tokens, r.true_output or r.max_tokens)
+            k = min(1 + (seed + int(r.id[1:])) % 32, target - r.output_tokens)
+            if k > 0:
+                new_tokens[r.id] = k
+            if r.output_tokens + k >= target:
+                finished.append((r.id, target, "length" if target == r.max_tokens else "stop"))
+        used = sum(started.get(r.id, r.prompt_tokens) + r.output_tokens + new_tokens.get(r.id, 0) for r in mine)
+        s.on_report(wid, new_tokens, started=started, free_tokens=max(0, slot.kv_tokens - used), running=len(mine))
+        for rid, output, reason in finished:
+            assert s.on_finish(rid, output, reason, self.now) is not None
+            del self.where[rid]
+
+    def _cancel(self, pick: int) -> None:
+        queued = sorted(rid for rid, w in self.where.items() if w == "queued")
+        if queued:
+            rid = queued[pick % len(queued)]
+            assert self.s.cancel(rid)
+            del self.where[rid]
+
+    def _unstarted(self, pick: int) -> str | None:
+        waiting = sorted(r.id for r in self.s.in_flight().values() if not r.started)
+        return waiting[pick % len(waiting)] if waiting else None
+
+    def _abort(self, pick: int) -> None:
+        rid = self._unstarted(pick)
+        if rid is not None:
+            self.s.on_finish(rid, 0, "abort", self.now)
+            del self.where[rid]
+
+    def _requeue(self, pick: int) -> None:
+        rid = self._unstarted(pick)
+        if rid is not None:
+            assert self.s.requeue(rid)
+            self.where[rid] = "queued"
+
+    def _join(self, wid: str) -> None:
+        self.s.worker_join(wid, POOLS[wid], max_running=4)
+
+    def _drain(self, wid: str) -> None:
+        self.s.worker_drain(wid)
+
+    def _leave(self, wid: str) -> None:
+        s = self.s
+        running = {r.id: r for r in s.in_flight().values() if r.worker == wid}
+        left = s.worker_leave(wid)
+        for rid in left.requeued:
+            self.where[rid] = "queued"
+        for rid in left.lost:
+            r = running[rid]
+            ahead = s.ledger.cost_between((r.prompt_tokens, r.output_tokens), (r.prompt_tokens, r.charged_output))
+            self.lost_ahead[r.tenant] += ahead
+            del self.where[rid]
+
+    def _wait(self, seconds: float) -> None:
+        self.now += seconds
+        for rid in self.s.expire(self.now):
+            assert self.where[rid] == "queued"
+            del self.where[rid]
+
+    # ------------------------------------------------------------------ invariants
+
+    def check(self) -> None:
+        s = self.s
+        running = s.in_flight()
+        for rid, where in self.where.items():
+            assert (where == "queued") == s.is_queued(rid), rid
+            assert (where == "running") == (rid in running), rid
+        queued = sum(w == "queued" for w in self.where.values())
+        assert s.queue_depth() == queued and len(running) == len(self.where) - queued  # nothing else is there
+        for slot in s.workers.slots.values():
+            mine = [r for r in running.values() if r.worker == slot.id]
+            assert slot.committed == sum(r.need for r in mine)
+            assert slot.in_flight == len(mine)
+            assert slot.pending_count == sum(not r.started for r in mine)
+        for t in s.tenants.values():
+            assert t.queued_tokens == sum(r.prompt_tokens + r.max_tokens for r in t.queue)
+            assert s.is_backlogged(t.name) == bool(t.queue)
+            assert t.in_flight == sum(r.tenant == t.name for r in running.values())
+        nxt = s.next_in_line()  # the waiting set follows the policy's order: no key went down unseen
+        if nxt is not None:
+            key = s.policy.key_function(s.tenants)
+            assert key(nxt.tenant) == min(key(name) for name in s.waiting_tenants())
+            assert nxt is s.policy.next_request(s.tenants[nxt.tenant])
+
+    def settle(self) -> None:
+        """Serve everything that is left on a worker large enough for anything."""
+        self.s.worker_join("w9", 10_000, max_running=64)
+        for _ in range(10_000):
+            if not self.where:
+                return
+            self.apply(("assign",))
+            for wid in sorted(self.s.workers.slots):
+                self.apply(("step", wid, 1))
+        raise AssertionError("requests still waiting or running after settling")
+
+
+@pytest.mark.parametrize(("policy", "placement"), CASES)
+@given(events)
+def test_nothing_lost_nothing_duplicated_books_balance_and_work_is_conserved(policy, placement, trace):
+    d = Driver(policy, placement)
+    for event in trace:
+        d.apply(event)
+    d.settle()
+    assert d.s.queue_depth() == 0 and not d.s.in_flight()
+    for slot in d.s.workers.slots.values():
+        assert slot.committed == 0 and slot.pending_count == 0
+    for t in d.s.tenants.values():  # counters are weighted service plus lifts (plus what lost requests kept)
+        expected = (t.service + d.lost_ahead[t.name]) / t.weight + t.lifted
+        assert t.counter == pytest.approx(expected, rel=1e-9, abs=1e-6), t.name
+
+
+@pytest.mark.parametrize(("policy", "placement"), CASES)
+@given(events, st.integers(0, 160))
+def test_a_restored_snapshot_makes_the_same_decisions(policy, placement, trace, cut):
+    d = Driver(policy, placement)
+    for event in trace[:cut]:
+        d.apply(event)
+    twin = d.twin()
+    d.decisions = []
+    for event in trace[cut:]:
+        d.apply(event)
+        twin.apply(event)
+    assert twin.decisions == d.decisions
+    assert twin.s.snapshot() == d.s.snapshot()
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+@given(requests_strategy, st.tuples(st.sampled_from([1.0, 2.0, 3.0]), st.sampled_from([1.0, 2.0, 4.0])))
+@example(FLOOD, (1.0, 1.0))
+@example(FLOOD, (1.0, 4.0))
+@example(BURSTS, (1.0, 1.0))
+def test_the_stated_bound_holds_for_backlogged_tenants(policy, rows, weights):
+    bound_of = make_policy(policy).bound
+    workload = workload_of(rows, (*weights, 1.0))
+    sim = run(workload, policy)
+    bound = bound_of(unit_u(sim.config.cost, *workload.longest(), POOL))
+    for (f, g), gap in brute_force_max_gap(sim).items():
+        wf, wg = workload.weight(sim.recorder.tenants[f]), workload.weight(sim.recorder.tenants[g])
+        assert gap <= bound / min(wf, wg) + 1e-6, (sim.recorder.tenants[f], sim.recorder.tenants[g], gap, bound)
+
+
+@pytest.mark.parametrize("policy", policy_examples())
+@given(requests_strategy)
+def test_counters_equal_weighted_service_plus_lifts_once_settled(policy, rows):
+    sim = run(workload_of(rows, (1.0, 2.0, 1.0)), policy)
+    assert sim.scheduler.queue_depth() == 0 and not sim.scheduler.in_flight()
+    for t in sim.scheduler.tenants.values():
+        assert t.counter == pytest.approx(t.service / t.weight + t.lifted, abs=1e-6)
+
+
+@pytest.mark.parametrize("policy", policy_examples())
+@settings(max_examples=max(10, settings.default.max_examples // 2))  # two simulations each: the costliest check
+@given(requests_strategy, st.floats(1.0, 25.0))
+def test_snapshot_restore_mid_simulation_changes_nothing(policy, rows, cut):
+    workload = workload_of(rows)
+    straight = run(workload, policy)
+    resumed = Simulation(workload, SimulationConfig(policy=policy, kv_tokens=POOL, drain=True))
+    resumed.advance(cut)
+    resumed.scheduler = FairScheduler.from_snapshot(json.loads(json.dumps(resumed.scheduler.snapshot())))
+    resumed.advance(float("inf"))
+    assert resumed.scheduler.snapshot() == straight.scheduler.snapshot()
+    assert resumed.summary().report == straight.summary().report

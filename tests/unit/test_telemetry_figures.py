@@ -1,0 +1,165 @@
+"""Telemetry pieces in one process: spans of traced requests (in-memory exporter), the fairness figures,
+histograms and service history, the Prometheus rendering, and the Grafana dashboard's queries."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.tracing import configure_tracing, finished_spans, set_tracing_active
+from dispatcher.core import LinearCost
+from dispatcher.core.fairness import backlogged_gap, jain_index, two_u
+from dispatcher.metrics import Histogram, ServiceHistory
+from ingress.prometheus import render_prometheus
+from loadgen.bench_gateway import trace_one_request
+from tests.conftest import REPO
+
+
+def test_every_traced_request_is_one_tree_with_the_worker_span_under_generate():
+    configure_tracing({"traces": "memory"}, "fairgate-test")
+    before = {s["span_id"] for s in finished_spans()}
+    for i in range(40):
+        trace_one_request(i)
+    spans = [s for s in finished_spans() if s["span_id"] not in before]
+    traces: dict[str, dict[str, dict]] = {}
+    for s in spans:
+        traces.setdefault(s["trace_id"], {})[s["name"]] = s
+    assert len(traces) == 40
+    for tree in traces.values():
+        assert set(tree) == {"fairgate.request", "fairgate.queue", "fairgate.generate", "fairgate.worker.generate"}
+        root = tree["fairgate.request"]
+        assert tree["fairgate.queue"]["parent_id"] == root["span_id"]
+        assert tree["fairgate.worker.generate"]["parent_id"] == tree["fairgate.generate"]["span_id"]
+        assert root["attributes"]["fairgate.completion_tokens"] == 2
+    set_tracing_active(False)  # off: nothing more is recorded
+    for i in range(10):
+        trace_one_request(i)
+    assert len(finished_spans()) == len(before) + len(spans)
+    set_tracing_active(True)
+
+
+def test_fairness_figures():
+    assert jain_index([1, 1, 1]) == pytest.approx(1.0)
+    assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+    assert jain_index([]) is None
+    assert backlogged_gap({"a": 10.0, "b": 4.0, "c": 100.0}, ["a", "b"]) == 6.0
+    assert backlogged_gap({"a": 10.0}, ["a"]) == 0.0
+    assert two_u(LinearCost(1, 2), longest_prompt=500, longest_output=100, pool_tokens=1000) == 2 * 2000
+    assert two_u(LinearCost(1, 2), longest_prompt=5000, longest_output=100, pool_tokens=1000) == 2 * 5000
+
+
+def test_histogram_and_service_history():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 7.0):
+        h.observe(v)
+    assert h.counts == [2, 1, 1] and h.count == 4 and h.sum == pytest.approx(7.65)
+    history = ServiceHistory(keep=5)
+    row = {"counter": 0, "queued": 1, "weight": 1, "output_tokens": 0}
+    for t in range(8):
+        history.add(float(t), {"a": {**row, "service": 10.0 * t}, "b": {**row, "service": 30.0 * t, "weight": 3}})
+    assert len(history.samples) == 5
+    assert history.rates(2.0) == {"a": pytest.approx(10.0), "b": pytest.approx(30.0)}
+    assert history.jain(60.0) == pytest.approx(1.0)  # equal once divided by the weights
+
+
+def snapshot() -> dict:
+    tenants = {
+        name: {
+            "weight": 1.0,
+            "counter": c,
+            "service": c,
+            "queued": q,
+            "queued_tokens": 0,
+            "in_flight": 0,
+            "submitted": 0,
+            "rejected": 0,
+            "finished": 1,
+            "output_tokens": int(c),
+        }
+        for name, c, q in (("big", 900.0, 3), ("mid", 500.0, 2), ("small1", 10.0, 0), ("small2", 5.0, 1))
+    }
+    worker = {"id": "w0", "kv_tokens": 1000, "free_tokens": 400, "running": 3, "draining": False}
+    h = Histogram()
+    h.observe(0.2)
+    return {
+        "tenants": tenants,
+        "workers": [worker],
+        "queue_depth": 6,
+        "in_flight": 3,
+        "backlog_tokens": 120,
+        "gap": 400.0,
+        "two_u": 4000.0,
+        "jain": 0.8,
+        "dispatched": 17,
+        "ttft": h.snapshot(),
+        "latency": h.snapshot(),
+    }
+
+
+def test_prometheus_rendering_caps_tenant_labels():
+    text = render_prometheus(snapshot(), top_n=2).decode()
+    samples = {
+        (s.name, s.labels.get("tenant", s.labels.get("worker", ""))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("fairgate_tenant_service_total", "big")] == 900
+    assert samples[("fairgate_tenant_service_total", "other")] == 15  # small1 + small2
+    assert ("fairgate_tenant_service_total", "small1") not in samples
+    assert samples[("fairgate_tenant_counter", "other")] == 10  # the largest counter among the rest
+    assert samples[("fairgate_worker_kv_used_tokens", "w0")] == 600
+    assert samples[("fairgate_ttft_seconds_count", "")] == 1 and samples[("fairgate_dispatched_total", "")] == 17
+    assert samples[("fairgate_fairness_gap", "")] == 400 and samples[("fairgate_jain_index", "")] == 0.8
+
+
+def test_grafana_dashboard_queries_only_metrics_that_exist():
+    text = render_prometheus(snapshot(), top_n=2).decode()
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    dashboard = json.loads((REPO / "deploy" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 12
+    for expr in exprs:
+        for name in re.findall(r"fairgate_[a-z0-9_]+", expr):
+            assert name in exposed, f"{name} in {expr!r} is not exported"
+
+
+def test_otlp_metrics_export_the_same_figures_with_capped_tenants():
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from dispatcher.otlp_metrics import start_otlp_metrics
+
+    reader = InMemoryMetricReader()
+    provider = start_otlp_metrics(snapshot, top_n=2, reader=reader)
+    data = reader.get_metrics_data()
+    points = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for p in metric.data.data_points:
+                    points[(metric.name, dict(p.attributes).get("tenant", ""))] = p.value
+    assert points[("fairgate_tenant_service", "big")] == 900
+    assert points[("fairgate_tenant_service", "other")] == 15
+    assert points[("fairgate_fairness_gap", "")] == 400 and points[("fairgate_dispatched", "")] == 17
+    provider.shutdown()
+
+
+BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
+
+
+def test_telemetry_section_defaults_and_refusals(monkeypatch):
+    from common.config import ConfigError
+    from gateway.config import parse_config
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+    t = parse_config(BASE)[0].telemetry
+    assert (t.otlp_endpoint, t.traces, t.top_tenants, t.trace_sample_ratio) == (None, "off", 20, 1.0)
+    t = parse_config({**BASE, "telemetry": {"traces": False, "trace_sample_ratio": 0.1}})[0].telemetry
+    assert t.traces == "off" and t.trace_sample_ratio == 0.1  # YAML's bare off is false
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    assert parse_config(BASE)[0].telemetry.otlp_endpoint == "http://collector:4317"
+    for bad in ({"traces": "all"}, {"top_tenants": 0}, {"trace_sample_ratio": 2}, {"exporter": "x"}):
+        with pytest.raises(ConfigError, match="telemetry"):
+            parse_config({**BASE, "telemetry": bad})

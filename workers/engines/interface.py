@@ -1,0 +1,147 @@
+"""The engine contract: what a worker replica drives, what an engine reports each step, and the plug-in
+through which the rest of the gateway learns what it needs of an engine (DESIGN §2, "engines are
+plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks the plug-in.
+
+- ``EngineRunner``: one engine behind a worker replica. The worker shell (``workers.worker``) owns the
+  gRPC parts: it checks tickets, streams deltas to the ingress and sends one report per engine step to
+  the dispatcher; a runner turns a request into a stream of deltas and calls ``on_step`` once per
+  engine step with what that step did (a ``StepReport``).
+- ``PromptEstimator``: the ingress turns a request into the engine's prompt and counts its tokens, as
+  the engine will, before the dispatcher charges them.
+- ``EnginePlugin``: validates the engine's settings and builds its runner and prompt estimator; says
+  its context limit, its capacity before a replica reports one, and the model it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """What the ingress asked for. ``prompt`` is text, or token ids (profiling drives exact lengths)."""
+
+    prompt: str | list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    templated: bool = False  # a chat template was applied: tokenize without adding special tokens
+
+
+@dataclass(slots=True)
+class Delta:
+    """New output since the previous delta. Token counts are totals; ``finish_reason`` ends the stream."""
+
+    text: str
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    id: str
+    output_tokens: int
+    reason: str  # "stop", "length" or "abort"
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What one engine step did: the per-step report a worker sends to the dispatcher."""
+
+    duration_s: float
+    started: dict[str, int] = field(default_factory=dict)  # id -> exact prompt tokens
+    new_tokens: dict[str, int] = field(default_factory=dict)  # id -> output tokens this step
+    finished: list[FinishedRequest] = field(default_factory=list)
+    free_tokens: int = 0
+    running: int = 0
+    waiting: int = 0
+    preempted: int = 0  # requests the engine preempted for room (the simulated engine counts them)
+
+
+StepCallback = Callable[[StepReport], None]
+
+
+class EngineRunner(Protocol):
+    """One engine behind a worker replica."""
+
+    kv_tokens: int  # KV pool in tokens
+    block_size: int
+    max_running: int | None
+
+    def free_tokens(self) -> int: ...
+
+    async def start(self, on_step: StepCallback) -> None: ...
+
+    def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
+        """Deltas until one carries a finish reason. Closing the iterator early aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with a delta whose finish reason is "abort"."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def healthy(self) -> bool:
+        """False once the engine has failed for good (the replica is then replaced)."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class PromptEstimator(Protocol):
+    """The engine's prompt for a request, and its token count, as the engine will see them."""
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The chat template applied to the messages, ending with the assistant's turn."""
+        ...
+
+    def count(self, text: str, templated: bool) -> int:
+        """Prompt tokens of ``text`` (a templated prompt already carries its special tokens)."""
+        ...
+
+
+Settings = dict[str, Any]  # an engine's validated settings, as plain data (they travel through Ray)
+
+
+class EnginePlugin:
+    """Everything the gateway needs to know of one engine; one subclass per engine sub-package,
+    registered with ``workers.engines.register``."""
+
+    name: ClassVar[str]
+    serves_models: ClassVar[bool] = False  # the command line's --model picks an engine that does
+    uses_gpus: ClassVar[bool] = False  # each replica takes a GPU where the cluster has them
+    default_replicas: ClassVar[int | None] = None  # replicas when chosen on the command line (None: the config's)
+
+    def settings(self, raw: Mapping[str, Any]) -> Settings:
+        """Validate the engine's settings (the config's ``workers`` section beyond its own keys);
+        raises ``ValueError`` naming the field. Returns them as plain data."""
+        raise NotImplementedError
+
+    def override(self, settings: Settings, *, model: str | None = None, kv_tokens: int | None = None) -> Settings:
+        """The settings with the command line's ``--model`` / ``--kv-tokens`` applied."""
+        raise NotImplementedError
+
+    def runner(self, settings: Settings) -> EngineRunner:
+        raise NotImplementedError
+
+    def prompts(self, settings: Settings) -> PromptEstimator:
+        raise NotImplementedError
+
+    def context_limit(self, settings: Settings) -> int | None:
+        """The longest prompt plus output the engine takes, when known before it starts."""
+        return None
+
+    def capacity(self, settings: Settings) -> tuple[int, int | None]:
+        """KV tokens and batch limit of one replica, used before replicas report their own."""
+        raise NotImplementedError
+
+    def served_model(self, settings: Settings) -> str | None:
+        """The model name the engine serves, when the engine decides it (None: the config's)."""
+        return None

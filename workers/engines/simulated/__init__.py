@@ -1,0 +1,9 @@
+"""The simulated engine: the shared engine model (``model``: continuous batching over a KV pool, a pure
+state machine with a step-time model calibrated from a profile), run in real time by the simulated
+worker (``runner``) and in virtual time by the simulator, with its own deterministic tokenizer."""
+
+from workers.engines.simulated.model import EngineRequest, SimulatedEngine
+from workers.engines.simulated.plugin import SimulatedPlugin
+from workers.engines.simulated.steptime import StepTimeModel
+
+__all__ = ["EngineRequest", "SimulatedEngine", "SimulatedPlugin", "StepTimeModel"]

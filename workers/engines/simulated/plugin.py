@@ -1,0 +1,42 @@
+"""The simulated engine as a plug-in: the default, needing nothing but this package."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from common.config import validate_section
+from workers.engines import register
+from workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
+from workers.engines.simulated.settings import SimulatedSettings
+
+
+@register
+class SimulatedPlugin(EnginePlugin):
+    name = "simulated"
+
+    def settings(self, raw: Mapping[str, Any]) -> Settings:
+        return validate_section(SimulatedSettings, dict(raw), "workers").model_dump()
+
+    def override(self, settings: Settings, *, model: str | None = None, kv_tokens: int | None = None) -> Settings:
+        return self.settings({**settings, **({} if kv_tokens is None else {"kv_tokens": kv_tokens})})
+
+    def runner(self, settings: Settings) -> EngineRunner:
+        from workers.engines.simulated.model import SimulatedEngine
+        from workers.engines.simulated.runner import SimulatedRunner
+        from workers.engines.simulated.steptime import StepTimeModel
+
+        s = SimulatedSettings.model_validate(settings)
+        engine = SimulatedEngine(
+            s.kv_tokens, StepTimeModel(**s.step_model), block_size=s.block_size, max_running=s.max_running
+        )
+        return SimulatedRunner(engine)
+
+    def prompts(self, settings: Settings) -> PromptEstimator:
+        from workers.engines.simulated.prompts import SimulatedPrompts
+
+        return SimulatedPrompts()
+
+    def capacity(self, settings: Settings) -> tuple[int, int | None]:
+        s = SimulatedSettings.model_validate(settings)
+        return s.kv_tokens, s.max_running

@@ -1,0 +1,102 @@
+"""The shared engine model run in real time: each step sleeps for its modelled duration.
+
+Text comes from the simulated tokenizer, one word per token, so the ingress (which counts prompts with
+the same tokenizer) and the engine agree exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from workers.engines.interface import Delta, GenerationParams, StepCallback, StepReport
+from workers.engines.simulated.model import EngineRequest, SimulatedEngine
+from workers.engines.simulated.tokenizer import count_tokens, natural_length, stable_seed, token_text
+
+
+class SimulatedRunner:
+    def __init__(self, engine: SimulatedEngine) -> None:
+        self.engine = engine
+        self.kv_tokens = engine.kv_tokens
+        self.block_size = engine.block_size
+        self.max_running = engine.max_running
+        self._queues: dict[str, asyncio.Queue[tuple[int, str | None]]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._on_step: StepCallback = lambda _report: None
+
+    def free_tokens(self) -> int:
+        return self.engine.free_tokens
+
+    def has_work(self) -> bool:
+        return self.engine.has_work() or bool(self._queues)
+
+    def healthy(self) -> bool:
+        return self._task is None or not self._task.done()
+
+    def abort(self, request_id: str) -> None:
+        if self.engine.abort(request_id):
+            self._wake.set()
+
+    async def start(self, on_step: StepCallback) -> None:
+        self._on_step = on_step
+        self._task = asyncio.create_task(self._loop(), name="simulated-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
+        if isinstance(params.prompt, str):
+            prompt_text = params.prompt
+            prompt_tokens = count_tokens(prompt_text)
+        else:
+            prompt_text = " ".join(map(str, params.prompt))
+            prompt_tokens = len(params.prompt)
+        seed = params.seed if params.seed is not None else stable_seed(request_id)
+        target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))
+        queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+        self._queues[request_id] = queue
+        self.engine.add(EngineRequest(request_id, prompt_tokens, params.max_tokens, target))
+        self._wake.set()
+        generated = 0
+        try:
+            while True:
+                k, reason = await queue.get()
+                if k:
+                    text = "".join(token_text(seed, generated + i) for i in range(k))
+                    generated += k
+                    yield Delta(text, generated, prompt_tokens)
+                if reason is not None:
+                    yield Delta("", generated, prompt_tokens, reason)
+                    return
+        finally:
+            if self._queues.pop(request_id, None) is not None:
+                self.engine.abort(request_id)
+                self._wake.set()
+
+    async def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            duration = engine.begin_step()
+            if duration is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await asyncio.sleep(duration)
+            report = engine.end_step()
+            self._deliver(report)
+            self._on_step(report)
+
+    def _deliver(self, report: StepReport) -> None:
+        for rid, k in report.new_tokens.items():
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait((k, None))
+        for done in report.finished:
+            queue = self._queues.pop(done.id, None)
+            if queue is not None:
+                queue.put_nowait((0, done.reason))

@@ -1,0 +1,31 @@
+"""The simulated engine's settings: the ``workers`` section's ``kv_tokens``, ``block_size``,
+``max_running`` and ``step_model`` (``a10g-llama7b`` or the model's coefficients)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from workers.engines.simulated.steptime import StepTimeModel
+
+
+class SimulatedSettings(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    kv_tokens: int = Field(10_000, ge=1)
+    block_size: int = Field(16, ge=1)
+    max_running: int | None = Field(None, ge=1)
+    step_model: dict[str, float] = Field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
+
+    @field_validator("step_model", mode="before")
+    @classmethod
+    def _step_model(cls, value: Any) -> Any:
+        if value == "a10g-llama7b":
+            return StepTimeModel.a10g_llama7b().to_dict()
+        if not isinstance(value, dict):
+            raise ValueError("must be 'a10g-llama7b' or a mapping of coefficients")
+        try:
+            return StepTimeModel(**{k: float(v) for k, v in value.items()}).to_dict()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(str(exc)) from None

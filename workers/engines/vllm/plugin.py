@@ -1,0 +1,55 @@
+"""vLLM as a plug-in: the ``workers.vllm`` section, one GPU per replica where there are GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from workers.engines import register
+from workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
+from workers.engines.vllm.settings import VllmSettings
+
+DEFAULT_KV_HINT = 10_000  # a replica's pool before the first one reports, when the config gives none
+
+
+@register
+class VllmPlugin(EnginePlugin):
+    name = "vllm"
+    serves_models = True
+    uses_gpus = True
+    default_replicas = 1  # one engine unless asked for more
+
+    def settings(self, raw: Mapping[str, Any]) -> Settings:
+        vllm = VllmSettings.from_dict(raw.get("vllm") or {}).to_dict()
+        hint = raw.get("kv_tokens", DEFAULT_KV_HINT)
+        if isinstance(hint, bool) or not isinstance(hint, int) or hint < 1:
+            raise ValueError(f"workers.kv_tokens must be a whole number >= 1, got {hint!r}")
+        return {"vllm": vllm, "kv_tokens": hint}
+
+    def override(self, settings: Settings, *, model: str | None = None, kv_tokens: int | None = None) -> Settings:
+        vllm = dict(settings.get("vllm") or {})
+        if model is not None:
+            vllm["model"] = model
+        if kv_tokens is not None:
+            vllm["kv_tokens"] = kv_tokens
+        return self.settings({**settings, "vllm": vllm})
+
+    def runner(self, settings: Settings) -> EngineRunner:
+        from workers.engines.vllm.runner import VllmRunner
+
+        return VllmRunner(VllmSettings.from_dict(settings["vllm"]))
+
+    def prompts(self, settings: Settings) -> PromptEstimator:
+        from workers.engines.vllm.prompts import HuggingFacePrompts
+
+        return HuggingFacePrompts(VllmSettings.from_dict(settings["vllm"]).model_path())
+
+    def context_limit(self, settings: Settings) -> int | None:
+        return VllmSettings.from_dict(settings["vllm"]).context_limit()
+
+    def capacity(self, settings: Settings) -> tuple[int, int | None]:
+        vllm = VllmSettings.from_dict(settings["vllm"])
+        return vllm.kv_tokens or settings["kv_tokens"], vllm.max_num_seqs
+
+    def served_model(self, settings: Settings) -> str | None:
+        return VllmSettings.from_dict(settings["vllm"]).model

@@ -1,0 +1,17 @@
+"""The model's own Hugging Face tokenizer and chat template: the ingress counts prompt tokens exactly as
+vLLM will (a templated prompt is tokenized without adding special tokens again)."""
+
+from __future__ import annotations
+
+
+class HuggingFacePrompts:
+    def __init__(self, model_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def count(self, text: str, templated: bool) -> int:
+        return len(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])

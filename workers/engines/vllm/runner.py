@@ -1,0 +1,188 @@
+"""vLLM behind the worker interface: ``AsyncLLM`` (v1 engine) with delta outputs.
+
+Per-step reports: a stat logger receives vLLM's scheduler stats once per engine step, after that
+step's outputs were handed to the per-request streams. It schedules a flush with ``call_soon``, which
+runs after the request streams woken by that step have recorded their new tokens, so one report
+carries the step's new tokens per request, the requests that started (with the engine's exact prompt
+token counts), those that finished, free KV tokens (from vLLM's KV usage: blocks × block size), and
+the running and waiting counts. The dispatcher admits only what can start, so vLLM's own waiting
+queue stays near empty and VTC's order decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.engines.interface import Delta, FinishedRequest, GenerationParams, StepCallback, StepReport
+from workers.engines.vllm.settings import VllmSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Per-request events since the last report."""
+
+    started: dict[str, int] = field(default_factory=dict)
+    new_tokens: dict[str, int] = field(default_factory=dict)
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+
+class VllmRunner:
+    def __init__(self, settings: VllmSettings) -> None:
+        self.settings = settings
+        self.kv_tokens = 0
+        self.block_size = 0
+        self.max_running: int | None = None
+        self.llm: Any = None
+        self._on_step: StepCallback = lambda _report: None
+        self._pending = _Pending()
+        self._flush_scheduled = False
+        self._last_flush = time.monotonic()
+        self._active: set[str] = set()  # submitted and not yet finished
+        self._free_blocks = 0
+        self._running = 0
+        self._waiting = 0
+        self.steps = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, on_step: StepCallback) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._on_step = on_step
+        args = self.settings.async_engine_args()
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger])
+        cache = self.llm.vllm_config.cache_config
+        usable_blocks = int(cache.num_gpu_blocks) - 1  # vLLM keeps one block aside (the null block)
+        self.block_size = int(cache.block_size)
+        self.kv_tokens = usable_blocks * self.block_size
+        self._free_blocks = usable_blocks
+        self.max_running = int(self.llm.vllm_config.scheduler_config.max_num_seqs)
+        log.info("vLLM engine up: %d KV tokens in blocks of %d", self.kv_tokens, self.block_size)
+
+    async def stop(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+    def _stat_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        from workers.engines.vllm.step_logger import StepLogger
+
+        return StepLogger(self._on_engine_step)
+
+    # ------------------------------------------------------------------ interface
+
+    def free_tokens(self) -> int:
+        if not self._active:  # nothing running: vLLM has freed every block (cached ones count as free)
+            return self.kv_tokens
+        return self._free_blocks * self.block_size
+
+    def has_work(self) -> bool:
+        return bool(self._active)
+
+    @property
+    def running(self) -> int:
+        """Requests vLLM is running, as of its last step."""
+        return self._running if self._active else 0
+
+    def healthy(self) -> bool:
+        return self.llm is not None and not self.llm.errored
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._active and self.llm is not None:
+            asyncio.get_running_loop().create_task(self.llm.abort(request_id))
+
+    async def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = SamplingParams(
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        if isinstance(params.prompt, str):
+            prompt: Any = params.prompt
+            tokenization = {"add_special_tokens": False} if params.templated else None
+        else:
+            prompt, tokenization = TokensPrompt(prompt_token_ids=list(params.prompt)), None
+        self._active.add(request_id)
+        prompt_tokens = generated = 0
+        finished = False
+        try:
+            stream = self.llm.generate(prompt, sampling, request_id, tokenization_kwargs=tokenization)
+            async for out in stream:
+                pending = self._pending
+                if not prompt_tokens:
+                    prompt_tokens = len(out.prompt_token_ids or ())
+                    pending.started[request_id] = prompt_tokens
+                completion = out.outputs[0] if out.outputs else None
+                k = len(completion.token_ids) if completion is not None else 0
+                if k:
+                    generated += k
+                    pending.new_tokens[request_id] = pending.new_tokens.get(request_id, 0) + k
+                reason = _finish_reason(completion.finish_reason if completion is not None else None, out.finished)
+                if reason is not None:
+                    finished = True
+                    self._finish(request_id, generated, reason)
+                yield Delta(completion.text if completion is not None else "", generated, prompt_tokens, reason)
+                if reason is not None:
+                    return
+        finally:
+            if not finished:  # the caller left (or the engine failed): stop generating now
+                if self.llm is not None:
+                    await self.llm.abort(request_id)
+                self._finish(request_id, generated, "abort")
+
+    # ------------------------------------------------------------------ per-step reports
+
+    def _finish(self, request_id: str, generated: int, reason: str) -> None:
+        if request_id in self._active:
+            self._active.discard(request_id)
+            self._pending.finished.append(FinishedRequest(request_id, generated, reason))
+            self._schedule_flush()  # an abort may come while the engine is idle: report it anyway
+
+    def _on_engine_step(self, free_fraction: float, running: int, waiting: int) -> None:
+        """Called by vLLM's output loop once per engine step, after the step's outputs were queued."""
+        self.steps += 1
+        self._free_blocks = round(free_fraction * (self.kv_tokens // max(1, self.block_size)))
+        self._running, self._waiting = running, waiting
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, _Pending()
+        now = time.monotonic()
+        report = StepReport(
+            duration_s=now - self._last_flush,
+            started=pending.started,
+            new_tokens=pending.new_tokens,
+            finished=pending.finished,
+            free_tokens=self.free_tokens(),
+            running=self._running if self._active else 0,
+            waiting=self._waiting if self._active else 0,
+        )
+        self._last_flush = now
+        self._on_step(report)
+
+
+def _finish_reason(reason: str | None, finished: bool) -> str | None:
+    if not finished:
+        return None
+    return reason if reason in ("stop", "length", "abort") else "stop"

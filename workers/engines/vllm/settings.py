@@ -1,0 +1,115 @@
+"""How a vLLM worker builds its engine, from the gateway config's ``workers.vllm`` section.
+
+``model`` is a local shape built by the project (``tiny``, ``llama3-8b``: dummy weights, no download),
+a directory, or a Hugging Face id. ``kv_tokens`` fixes the KV pool exactly (vLLM's block-count
+override); without it vLLM sizes the pool from GPU memory. On CPU, vLLM needs the pool's size in
+bytes up front, so it is computed from the model's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from common.config import validate_section
+from workers.engines.vllm.local_models import SHAPES, ensure_model
+
+CPU_DEFAULT_KV_TOKENS = 8192
+
+
+class VllmSettings(BaseModel):
+    """The ``workers.vllm`` section."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, protected_namespaces=())
+
+    model: str = "tiny"
+    load_format: str | None = None  # None: "dummy" for the project's own shapes, vLLM's default otherwise
+    dtype: str = "auto"
+    max_model_len: int | None = Field(None, ge=1)
+    kv_tokens: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enforce_eager: bool | None = None  # None: eager on CPU (no compiler there), compiled on GPU
+    extra_args: dict[str, Any] = Field(default_factory=dict)  # anything else, passed to AsyncEngineArgs
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> VllmSettings:
+        return validate_section(cls, raw, "workers.vllm")
+
+    def context_limit(self) -> int | None:
+        """The longest prompt + output the engine will take, when known before it starts."""
+        if self.max_model_len:
+            return self.max_model_len
+        if self.model not in SHAPES:
+            return None
+        longest = SHAPES[self.model]["max_position_embeddings"]
+        return min(longest, self.kv_tokens) if self.kv_tokens else longest
+
+    def model_path(self) -> str:
+        return str(ensure_model(self.model)) if self.model in SHAPES else self.model
+
+    def async_engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        path = self.model_path()
+        args: dict[str, Any] = {
+            "model": path,
+            "tokenizer": path,
+            "served_model_name": self.model,
+            "load_format": self.load_format or ("dummy" if self.model in SHAPES else "auto"),
+            "dtype": self.dtype,
+            "disable_log_stats": False,  # the per-step stat logger is how reports learn of each step
+            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+        }
+        kv_tokens = self.kv_tokens or (CPU_DEFAULT_KV_TOKENS if on_cpu else None)
+        block = self.block_size or (32 if on_cpu else 16)
+        if self.block_size or kv_tokens:
+            args["block_size"] = block
+        if kv_tokens:
+            blocks = -(-kv_tokens // block) + 1  # vLLM keeps one block aside
+            args["num_gpu_blocks_override"] = blocks
+            if on_cpu:
+                args["kv_cache_memory_bytes"] = blocks * block * _kv_bytes_per_token(path) + (8 << 20)
+            model_len = self.max_model_len or min(_max_position(path), kv_tokens)
+            args["max_model_len"] = min(model_len, kv_tokens)
+        elif self.max_model_len:
+            args["max_model_len"] = self.max_model_len
+        if self.max_num_seqs:
+            args["max_num_seqs"] = self.max_num_seqs
+        if on_cpu:
+            # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps kills the engine
+            # ("CPU Generator does not use offset"), so prefills are never split there.
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(2048, args.get("max_model_len") or _max_position(path))
+        args.update(self.extra_args)
+        return AsyncEngineArgs(**args)
+
+
+def _hf_config(path: str) -> dict[str, Any]:
+    config = Path(path) / "config.json"
+    if config.exists():
+        return json.loads(config.read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).to_dict()
+
+
+def _kv_bytes_per_token(path: str) -> int:
+    c = _hf_config(path)
+    heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return 2 * c["num_hidden_layers"] * heads * head_dim * 4  # K and V, 4 bytes: the widest dtype used
+
+
+def _max_position(path: str) -> int:
+    return int(_hf_config(path).get("max_position_embeddings", 4096))
