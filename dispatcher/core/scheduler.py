@@ -168,7 +168,7 @@ class FairScheduler:
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
         t.submitted += 1
         need = self._need(prompt_tokens, max_tokens)
-        largest = self.workers.largest_pool()
+        largest = self.workers.largest_pool
         if largest and need > largest:
             t.rejected += 1
             return REJECT_TOO_LARGE
@@ -215,7 +215,7 @@ class FairScheduler:
             req = next_request(tenant)
             slot = place(req.need, req)
             if slot is None:
-                largest = self.workers.largest_pool()
+                largest = self.workers.largest_pool
                 if largest and req.need > largest:
                     self._drop(tenant, req, REJECT_TOO_LARGE)
                     continue

@@ -56,12 +56,12 @@ class WorkerTable:
         self.placement = placement
         self.slots: dict[str, WorkerSlot] = {}
         self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
-        self._largest = 0
+        self.largest_pool = 0  # the largest KV pool among workers taking work (0 when there are none)
 
     def refresh(self) -> None:
         """Recompute the cached list of workers taking work (after join, drain or leave)."""
         self._active = [w for w in self.slots.values() if not w.draining]
-        self._largest = max((w.kv_tokens for w in self._active), default=0)
+        self.largest_pool = max((w.kv_tokens for w in self._active), default=0)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -95,10 +95,6 @@ class WorkerTable:
         slot = self.slots.pop(worker_id, None)
         self.refresh()
         return slot
-
-    def largest_pool(self) -> int:
-        """The largest KV pool among workers taking work (0 when there are none)."""
-        return self._largest
 
     def has_slack(self) -> bool:
         """Whether some worker could take one more request by count (KV room is checked in place)."""
