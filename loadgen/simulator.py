@@ -1,7 +1,7 @@
 """The offline simulator: the real scheduler core driving N simulated engines in virtual time.
 
 Nothing here decides anything: arrivals go to ``FairScheduler.submit``, each engine step's report to
-``on_report`` / ``on_finish``, and ``assign`` picks what starts, exactly as the Ray dispatcher will.
+``on_report`` / ``on_finish``, and ``assign`` picks what starts, exactly as in the Ray dispatcher.
 The clock jumps from event to event (an arrival or the end of some engine's step).
 """
 

@@ -1,6 +1,6 @@
 """Generate the Python gRPC stubs from ``proto/`` (run ``python -m common.rpc.generate``).
 
-The stubs are committed so an install needs no code generation; ``tests/test_rpc_stubs.py`` regenerates
+The stubs are committed so an install needs no code generation; ``tests/unit/test_rpc_stubs.py`` regenerates
 them into a temporary folder and fails when the committed ones differ.
 """
 
