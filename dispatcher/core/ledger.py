@@ -5,10 +5,9 @@ Its service point is what the engine did for it (the prompt from dispatch on, th
 token); its charged point is what the tenant's counter was charged for it, which runs ahead of the
 service under VTC with length prediction. ``None`` is "nothing accounted" (cost 0). Every event of
 the scheduler (dispatch, decode, the engine's exact prompt count, settling a prediction, refunding an
-assignment that never started, adopting a request after a restart) is a move of these points, and
-the ledger turns a move into cost: h(after) - h(before) of service, and the same divided by the
-tenant's weight on its counter (``serve`` moves both points together, the common case; ``charge``
-moves the charged point alone). That formula is written once, in ``cost_between``.
+assignment that never started, adopting a request after a restart) is a move of these two points,
+and ``account`` turns it into cost: h(after) - h(before) of service (``cost_between``, the formula
+written once), and the charged point's move divided by the tenant's weight on its counter.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from dispatcher.core.costs import CostFunction
 from dispatcher.core.model import Tenant
 
 Point = tuple[int, int] | None  # (prompt tokens, output tokens), or None: nothing accounted
+Move = tuple[Point, Point]  # (before, after)
 
 
 class Ledger:
@@ -31,14 +31,12 @@ class Ledger:
         h = self._h
         return (0.0 if after is None else h(*after)) - (0.0 if before is None else h(*before))
 
-    def serve(self, tenant: Tenant, before: Point, after: Point, *, charge: bool = True) -> None:
-        """The engine served a request's move from ``before`` to ``after``: its cost is added to the
-        tenant's exact service and, unless that service was charged ahead, to its counter."""
-        amount = self.cost_between(before, after)
+    def account(self, tenant: Tenant, served: Move, charged: Move | None = None) -> None:
+        """Move a request's service point (the tenant's exact service) and its charged point (the
+        tenant's counter, divided by its weight); ``charged`` None: the same move as ``served``, when
+        nothing is charged ahead (the cost is computed once: this runs for every step of a request)."""
+        amount = self.cost_between(*served)
         tenant.service += amount
-        if charge:
-            tenant.counter += amount / tenant.weight
-
-    def charge(self, tenant: Tenant, before: Point, after: Point) -> None:
-        """Move only a request's charged point (charging ahead of service, or settling a prediction)."""
-        tenant.counter += self.cost_between(before, after) / tenant.weight
+        if charged is not None:
+            amount = self.cost_between(*charged)
+        tenant.counter += amount / tenant.weight

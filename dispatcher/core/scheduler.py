@@ -258,15 +258,13 @@ class FairScheduler:
             t.output_tokens += k
             n_p, old, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             new = old + k
-            req.output_tokens = new
-            if charged == old:  # nothing charged ahead: service and counter move together
-                ledger.serve(t, (n_p, old), (n_p, new))
-                req.charged_output = new
+            if charged == old:  # nothing charged ahead: the counter moves with the service
+                ledger.account(t, ((n_p, old), (n_p, new)))
+                req.output_tokens = req.charged_output = new
                 continue
-            ledger.serve(t, (n_p, old), (n_p, new), charge=False)
-            if new > charged:  # beyond what was charged ahead (a prediction): charge the rest now
-                ledger.charge(t, (n_p, charged), (n_p, new))
-                req.charged_output = new
+            reached = new if new > charged else charged  # tokens within a prediction were charged ahead
+            ledger.account(t, ((n_p, old), (n_p, new)), ((n_p, charged), (n_p, reached)))
+            req.output_tokens, req.charged_output = new, reached
         slot = self.workers.slots.get(worker_id)
         if slot is not None:
             if free_tokens is not None:
@@ -289,8 +287,8 @@ class FairScheduler:
         if not req.started and req.output_tokens == 0:
             self._refund_dispatch(t, req)
         elif req.charged_output > req.output_tokens:  # ended short of its prediction: refund the rest
-            n_p = req.prompt_tokens
-            self.ledger.charge(t, (n_p, req.charged_output), (n_p, req.output_tokens))
+            served = (req.prompt_tokens, req.output_tokens)
+            self.ledger.account(t, (served, served), ((req.prompt_tokens, req.charged_output), served))
             req.charged_output = req.output_tokens
         self._release(req)
         t.in_flight -= 1
@@ -391,8 +389,11 @@ class FairScheduler:
         before_p, before_out, before_charged = self._settled.pop(request_id, (0, 0, 0))
         known = bool(before_p or before_out or before_charged)
         charged = max(output_tokens, before_charged)
-        self.ledger.serve(t, (before_p, before_out) if known else None, (prompt_tokens, output_tokens), charge=False)
-        self.ledger.charge(t, (before_p, before_charged) if known else None, (prompt_tokens, charged))
+        self.ledger.account(
+            t,
+            ((before_p, before_out) if known else None, (prompt_tokens, output_tokens)),
+            ((before_p, before_charged) if known else None, (prompt_tokens, charged)),
+        )
         t.output_tokens += max(0, output_tokens - before_out)
         length = max(max_tokens, output_tokens, 1)
         need = self._need(prompt_tokens, length)
@@ -564,11 +565,9 @@ class FairScheduler:
             self._unqueue(t, req)
         else:
             self._take(t, req)
-        predicted = self.policy.predict(t, req)
+        predicted = self.policy.predict(t, req)  # output charged ahead, with the prompt
         n_p = req.prompt_tokens
-        self.ledger.serve(t, None, (n_p, 0), charge=not predicted)
-        if predicted:  # the predicted output is charged ahead, with the prompt
-            self.ledger.charge(t, None, (n_p, predicted))
+        self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
         req.predicted = req.charged_output = predicted
         req.worker, req.dispatched_at = slot.id, now
         slot.committed += req.need
@@ -592,9 +591,7 @@ class FairScheduler:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
             old, out, charged = req.prompt_tokens, req.output_tokens, req.charged_output
-            self.ledger.serve(t, (old, out), (prompt_tokens, out), charge=charged == out)
-            if charged != out:
-                self.ledger.charge(t, (old, charged), (prompt_tokens, charged))
+            self.ledger.account(t, ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged)))
             delta = prompt_tokens - old
             req.prompt_tokens = prompt_tokens
             req.need += delta
@@ -618,10 +615,8 @@ class FairScheduler:
 
     def _refund_dispatch(self, t: Tenant, req: Request) -> None:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
-        n_p, charged = req.prompt_tokens, req.charged_output
-        self.ledger.serve(t, (n_p, 0), None, charge=not charged)
-        if charged:
-            self.ledger.charge(t, (n_p, charged), None)
+        n_p = req.prompt_tokens
+        self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None))
 
     def _drop(self, t: Tenant, req: Request, reason: str) -> None:
         self._take(t, req)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 2
 DURABLE_VERSION = 1
-_DURABLE_FIELDS = ("name", "weight", "counter", "service", "lifted", "submitted", "rejected", "finished")
+_DURABLE_FIELDS = ("name", "weight", "lifted", "submitted", "rejected", "finished", "output_tokens")
 
 
 def snapshot(s: FairScheduler) -> dict[str, Any]:
@@ -70,14 +70,11 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
     books = {t.name: Tenant(t.name, t.weight, t.counter, t.service, t.lifted) for t in s.tenants.values()}
     for r in s._in_flight.values():
         if not r.started:
-            t = books[r.tenant]
-            s.ledger.serve(t, (r.prompt_tokens, 0), None, charge=False)
-            s.ledger.charge(t, (r.prompt_tokens, r.charged_output), None)
+            s.ledger.account(books[r.tenant], ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None))
     rows = []
     for t in s.tenants.values():
-        row = {k: getattr(t, k) for k in _DURABLE_FIELDS}
-        row.update(counter=books[t.name].counter, service=books[t.name].service, output_tokens=t.output_tokens)
-        rows.append(row)
+        kept = books[t.name]
+        rows.append({**{k: getattr(t, k) for k in _DURABLE_FIELDS}, "counter": kept.counter, "service": kept.service})
     return {
         "version": DURABLE_VERSION,
         "tenants": rows,
@@ -106,4 +103,4 @@ def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
     last = data["last_left"]
     s._last_left = last if last in s.tenants else None
     s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
-    s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": states written before 0.2
+    s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
