@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from common.loopback import bind_host
-from dispatcher.core import SchedulerConfig
+from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected
@@ -122,27 +122,36 @@ class DispatcherActor:
         return await self._ready()
 
     async def submit(
-        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool = False
+        self,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        retry: bool = False,
+        key_hash: str | None = None,
     ) -> dict[str, Any]:
-        """Resolves when the request is assigned: where to run it and the signed ticket."""
+        """Resolves when the request is assigned: where to run it and the signed ticket. ``key_hash``:
+        the caller's API key, checked against the registry here, so a key revoked or rotated through
+        any ingress replica stops working at once on all of them (their key caches notwithstanding)."""
         await self._ready()
+        if key_hash is not None and self._registry.lookup(key_hash) != tenant:
+            return {"rejected": REJECT_UNKNOWN_KEY}
         try:
             p = await self._service.submit(request_id, tenant, prompt_tokens, max_tokens, retry=retry)
         except Rejected as exc:
             return {"rejected": exc.reason}
-        t = p.ticket
         return {
             "counter": self._service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
             "worker_id": p.worker_id,
             "address": p.address,
-            "ticket": {
-                "request_id": t.request_id,
-                "tenant": t.tenant,
-                "worker_id": t.worker_id,
-                "expires_at": t.expires_at,
-            },
+            "ticket": dataclasses.asdict(p.ticket),
             "signature": p.signature,
         }
+
+    async def release(self, request_id: str) -> None:
+        """The caller gave up on an assigned request before it started: free it now."""
+        await self._ready()
+        self._service.release(request_id)
 
     async def abort(self, request_id: str) -> None:
         await self._ready()

@@ -21,7 +21,7 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import WORKER_AUTH_HEADER, TicketFields, check_worker_token, sign
+from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
 from dispatcher.metrics import Histogram
@@ -48,14 +48,7 @@ class Placement:
     signature: bytes
 
     def ticket_message(self) -> pb.Ticket:
-        t = self.ticket
-        return pb.Ticket(
-            request_id=t.request_id,
-            tenant=t.tenant,
-            worker_id=t.worker_id,
-            expires_at=t.expires_at,
-            signature=self.signature,
-        )
+        return ticket_message(self.ticket, self.signature)
 
 
 @dataclass
@@ -85,6 +78,7 @@ class DispatcherService:
         self._orphans: dict[str, asyncio.Future[Placement]] = {}
         self._links: dict[str, _WorkerLink] = {}
         self._server: grpc.aio.Server | None = None
+        self._nonces = NonceBook()  # worker credentials taken (each attaches once)
         self._expiry: asyncio.TimerHandle | None = None
         self.address = ""
         self._observe = observe  # latency histograms (benchmarks measure the service without them)
@@ -144,7 +138,7 @@ class DispatcherService:
         elif retry and s.was_lost(request_id):  # it had started on a worker that died: never twice
             raise Rejected(FINISH_WORKER_LOST)
         elif not (retry and s.is_queued(request_id)):
-            reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock())
+            reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock(), resumed=retry)
             if reason is not None:
                 raise Rejected(reason)
         stale = self._pending.get(request_id)
@@ -155,6 +149,19 @@ class DispatcherService:
         self._schedule_expiry()
         self._assign()
         return future
+
+    def release(self, request_id: str) -> None:
+        """The caller of an assigned request gave up on it before it started (it failed on the way to
+        its worker, or the client left): free its reservation and refund it now, not when its ticket
+        expires; stop it on its worker in case it got there."""
+        self._orphans.pop(request_id, None)
+        req = self.scheduler.in_flight().get(request_id)
+        if req is None:
+            return
+        self.abort(request_id)
+        if not req.started:
+            self.scheduler.on_finish(request_id, 0, "abort", self._clock())
+            self._assign()
 
     def abort(self, request_id: str) -> None:
         """The client of an assigned request is gone: stop it on its worker."""
@@ -224,7 +231,7 @@ class DispatcherService:
             if future is None or future.done():  # its caller left in the meantime
                 self.scheduler.on_finish(req.id, 0, "abort", now)
                 continue
-            fields = TicketFields(req.id, req.tenant, a.worker_id, now + self._ttl)
+            fields = TicketFields(req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens)
             link = self._links.get(a.worker_id)
             future.set_result(
                 Placement(req.id, a.worker_id, link.address if link else "", fields, sign(self._secret, fields))
@@ -304,7 +311,10 @@ class DispatcherService:
                         if msg.WhichOneof("kind") != "hello":
                             log.warning("dispatcher: a worker stream began without hello; closing it")
                             return
-                        problem = check_worker_token(self._secret, msg.hello.worker_id, token, self._clock())
+                        hello = msg.hello
+                        problem = check_worker_token(
+                            self._secret, hello.worker_id, hello.address, token, self._clock(), self._nonces
+                        )
                         if problem is not None:
                             log.warning("dispatcher: refused worker %r: %s", msg.hello.worker_id, problem)
                             return

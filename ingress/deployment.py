@@ -7,7 +7,7 @@ disconnects while streaming aborts it at the worker.
 """
 
 import asyncio
-import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,13 +22,14 @@ from ray.exceptions import RayActorError
 
 from common.config import hash_key
 from common.rpc import fairgate_pb2 as pb
+from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_api import tenant_change
 from ingress.auth import KeyCache, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_text
-from ingress.openai_api import ApiError, ChatRequest, CompletionRequest, parse_body
+from ingress.openai_api import ApiError, ChatRequest, CompletionRequest, parse_body, parse_json
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
 from ingress.prompting import Prompting
 from ingress.responses import sse_events, whole_response
@@ -41,21 +42,49 @@ DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
 
 
+INLINE_TOKENIZE_BYTES = 16_384  # larger bodies are tokenized off the event loop (it serves every client)
+log = logging.getLogger(__name__)
+
+
 # defined before the deployment class: Serve serializes the class when it is decorated
 def _ticket(placement: dict[str, Any]) -> pb.Ticket:
-    t = placement["ticket"]
-    return pb.Ticket(
-        request_id=t["request_id"],
-        tenant=t["tenant"],
-        worker_id=t["worker_id"],
-        expires_at=t["expires_at"],
-        signature=placement["signature"],
-    )
+    return ticket_message(TicketFields(**placement["ticket"]), placement["signature"])
+
+
+def _generate_request(req: ChatRequest | CompletionRequest, prompt: str, prompt_tokens: int, max_tokens: int):
+    """The worker's request, built and encoded before anything is reserved: a value that cannot travel
+    is the client's 400, never a failure after the dispatcher assigned it."""
+    chat = isinstance(req, ChatRequest)
+    try:
+        message = pb.GenerateRequest(
+            prompt=prompt,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed or 0,
+            has_seed=req.seed is not None,
+            stop=req.stop_strings(),
+            ignore_eos=req.ignore_eos,
+            templated=chat,
+            final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
+        )
+        message.SerializeToString()
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ApiError(400, f"the request has a value that cannot be encoded ({type(exc).__name__})") from None
+    return message
 
 
 @app.exception_handler(ApiError)
 async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
+
+
+@app.exception_handler(Exception)
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    """A bug must not show its insides to clients: the details go to the log only."""
+    log.error("ingress: unexpected %s", type(exc).__name__, exc_info=exc)
+    return ApiError(500, "the gateway failed on this request", type_="server_error", code="internal_error").response()
 
 
 @serve.deployment(
@@ -171,12 +200,16 @@ class Ingress:
     # ------------------------------------------------------------------ one request
 
     async def _serve(self, request: Request, chat: bool):
-        tenant = await self._tenant(request)
+        tenant, key_hash = await self._caller(request)
         body = await self._json_body(request)
         req = parse_body(ChatRequest if chat else CompletionRequest, body)
         if req.model != self._model:
             raise ApiError(404, f"the model '{req.model}' does not exist", param="model", code="model_not_found")
-        prompt, prompt_tokens, max_tokens = self._prompting.prepare(req)
+        if request.state.body_bytes > INLINE_TOKENIZE_BYTES:  # long prompts: tokenized off the event loop
+            prompt, prompt_tokens, max_tokens = await asyncio.to_thread(self._prompting.prepare, req)
+        else:
+            prompt, prompt_tokens, max_tokens = self._prompting.prepare(req)
+        grpc_request = _generate_request(req, prompt, prompt_tokens, max_tokens)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         trace = RequestTrace(
             {
@@ -190,26 +223,13 @@ class Ingress:
         )
         try:
             with trace.queue_span() as queue:
-                placement = await self._submit(rid, tenant, prompt_tokens, max_tokens)
+                placement = await self._submit(rid, tenant, key_hash, prompt_tokens, max_tokens)
                 trace.dispatched(queue, placement)
         except BaseException as exc:
             trace.finish(prompt_tokens, 0, None, error=type(exc).__name__)
             raise
-        grpc_request = pb.GenerateRequest(
-            prompt=prompt,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed or 0,
-            has_seed=req.seed is not None,
-            stop=req.stop_strings(),
-            ignore_eos=req.ignore_eos,
-            templated=chat,
-            final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
-        )
         outcome = Outcome()
-        text = self._generate(tenant, placement, grpc_request, req.stop_strings(), outcome, trace)
+        text = self._generate(tenant, key_hash, placement, grpc_request, req.stop_strings(), outcome, trace)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
             events = sse_events(rid, chat, self._model, text, outcome, include_usage, trace)
@@ -229,12 +249,12 @@ class Ingress:
         return whole_response(rid, chat, self._model, content, outcome)
 
     async def _submit(
-        self, rid: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool = False
+        self, rid: str, tenant: str, key_hash: str, prompt_tokens: int, max_tokens: int, retry: bool = False
     ) -> dict[str, Any]:
         """Queue the request; returns its placement. Asked again after a dispatcher restart with the
-        same id and ``retry`` set, so it never runs twice."""
+        same id and ``retry`` set, so it never runs twice. The dispatcher checks the key again."""
         args = (rid, tenant, prompt_tokens, max_tokens)
-        placement = await self._ask_dispatcher("submit", (*args, retry), again=(*args, True))
+        placement = await self._ask_dispatcher("submit", (*args, retry, key_hash), again=(*args, True, key_hash))
         if "rejected" in placement:
             raise rejection_error(placement["rejected"])
         return placement
@@ -262,6 +282,7 @@ class Ingress:
     async def _generate(
         self,
         tenant: str,
+        key_hash: str,
         placement: dict[str, Any],
         request: pb.GenerateRequest,
         stops: list[str],
@@ -270,34 +291,47 @@ class Ingress:
     ) -> AsyncIterator[str]:
         """Stream the text from the assigned worker. A worker lost before it sent anything (crashed,
         unreachable, ticket refused): the dispatcher places the request again, same id, at the head of
-        its tenant's queue. Once anything arrived, a lost worker ends the request with an error."""
+        its tenant's queue. Once anything arrived, a lost worker ends the request with an error. However
+        it ends before its worker sent anything (a failure, the client leaving), its reservation is
+        freed at once: no one waits for its ticket to expire."""
         rid = placement["ticket"]["request_id"]
-        for attempt in range(MAX_PLACEMENTS):
-            request.ticket.CopyFrom(_ticket(placement))
-            metadata = trace.start_generate(placement["worker_id"])
-            text = stream_text(
-                self._channels, placement["address"], request, stops, outcome, metadata, trace.first_token
-            )
-            try:
-                async for piece in text:
-                    yield piece
-                return
-            except WorkerLost:
-                self._channels.forget(placement["address"])  # a replaced worker never comes back there
-                if outcome.received or attempt + 1 == MAX_PLACEMENTS:
-                    raise
-            finally:
-                await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
-            await asyncio.sleep(0.05 * 2**attempt)
-            placement = await self._submit(rid, tenant, request.prompt_tokens, request.max_tokens, retry=True)
+        try:
+            for attempt in range(MAX_PLACEMENTS):
+                request.ticket.CopyFrom(_ticket(placement))
+                metadata = trace.start_generate(placement["worker_id"])
+                text = stream_text(
+                    self._channels, placement["address"], request, stops, outcome, metadata, trace.first_token
+                )
+                try:
+                    async for piece in text:
+                        yield piece
+                    return
+                except WorkerLost as exc:
+                    log.warning("ingress: request %s: %s", rid, exc.detail)
+                    if outcome.received or not exc.retryable or attempt + 1 == MAX_PLACEMENTS:
+                        raise
+                finally:
+                    await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+                await asyncio.sleep(0.05 * 2**attempt)
+                placement = await self._submit(
+                    rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True
+                )
+        finally:
+            if not outcome.received:
+                self._dispatcher.release.remote(rid)  # not awaited: this may run while the client leaves
 
     # ------------------------------------------------------------------ input
 
     async def _tenant(self, request: Request) -> str:
-        tenant = await self._owner(bearer_key(request))
+        return (await self._caller(request))[0]
+
+    async def _caller(self, request: Request) -> tuple[str, str]:
+        """(tenant, key hash) of the request's API key; 401 when the key is unknown."""
+        key = bearer_key(request)
+        tenant = await self._owner(key)
         if tenant is None:
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
-        return tenant
+        return tenant, hash_key(key)
 
     async def _owner(self, key: str) -> str | None:
         """The tenant an API key belongs to (the dispatcher's registry, cached for a few seconds)."""
@@ -326,7 +360,5 @@ class Ingress:
             raw += part
             if len(raw) > limit:
                 raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        request.state.body_bytes = len(raw)
+        return parse_json(bytes(raw))

@@ -57,6 +57,8 @@ _REJECTIONS: dict[str, tuple[int, str, str, str, int | None]] = {
 
 
 def rejection_error(reason: str) -> ApiError:
+    if reason == reasons.REJECT_UNKNOWN_KEY:
+        return ApiError(401, "incorrect API key provided", code="invalid_api_key")
     if reason == reasons.REJECT_TOO_LARGE:
         return ApiError(
             400,

@@ -17,7 +17,21 @@ from common.rpc import fairgate_pb2_grpc as rpc
 
 
 class WorkerLost(Exception):
-    """The worker failed while the request was running."""
+    """The worker failed while the request was running. Its text is what the client may read (no
+    address, no exception text); ``detail`` is for the logs. ``retryable``: the failure says nothing
+    about the request itself (the worker was unreachable, refused the ticket, or ended the stream), so
+    another worker may serve it; otherwise placing it again would only fail again."""
+
+    PUBLIC = "the worker serving this request failed"
+
+    def __init__(self, detail: str, *, retryable: bool = True) -> None:
+        super().__init__(self.PUBLIC)
+        self.detail = detail
+        self.retryable = retryable
+
+
+# gRPC codes after which the request may run elsewhere: the worker is gone, or refused the ticket
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED}
 
 
 @dataclass
@@ -30,27 +44,46 @@ class Outcome:
     received: bool = False  # the worker sent something: the request must not run anywhere else
 
 
+@dataclass
+class _Channel:
+    channel: grpc.aio.Channel
+    calls: int = 0  # calls open on it
+    retired: bool = False  # replaced: closed once its last call ends
+
+
 class WorkerChannels:
-    """One gRPC channel per worker address, reused across requests (created on the caller's loop)."""
+    """One gRPC channel per worker address, reused across requests (created on the caller's loop).
+
+    Closing a channel cancels every call on it, so a channel is never closed while a call uses it:
+    one request's failure must not end another tenant's stream. A channel to a worker that became
+    unreachable is retired (new calls get a fresh one) and closed after its last call."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, _Channel] = {}
 
-    def stub(self, address: str) -> rpc.WorkerStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return rpc.WorkerStub(channel)
+    def open(self, address: str) -> tuple[rpc.WorkerStub, _Channel]:
+        entry = self._channels.get(address)
+        if entry is None:
+            entry = self._channels[address] = _Channel(grpc.aio.insecure_channel(address))
+        entry.calls += 1
+        return rpc.WorkerStub(entry.channel), entry
 
-    def forget(self, address: str) -> None:
-        """Drop the channel to a worker that failed (closed in the background)."""
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            asyncio.get_running_loop().create_task(channel.close())
+    def done(self, entry: _Channel) -> None:
+        entry.calls -= 1
+        if entry.retired and entry.calls == 0:
+            asyncio.get_running_loop().create_task(entry.channel.close())
+
+    def retire(self, address: str) -> None:
+        """The worker at ``address`` could not be reached: later calls open a new channel."""
+        entry = self._channels.pop(address, None)
+        if entry is not None:
+            entry.retired = True
+            if entry.calls == 0:
+                asyncio.get_running_loop().create_task(entry.channel.close())
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
+        for entry in self._channels.values():
+            await entry.channel.close()
         self._channels.clear()
 
 
@@ -65,7 +98,8 @@ async def stream_text(
 ) -> AsyncIterator[str]:
     """Yield text deltas; ``outcome`` holds usage and the finish reason when it ends. ``metadata`` goes
     with the call (trace context); ``on_first`` runs when the worker's first message arrives."""
-    call = channels.stub(address).Generate(request, metadata=tuple(metadata) or None)
+    stub, entry = channels.open(address)
+    call = stub.Generate(request, metadata=tuple(metadata) or None)
     held = ""  # text that could still be the start of a stop string
     keep = max((len(s) for s in stops), default=1) - 1
     try:
@@ -91,8 +125,12 @@ async def stream_text(
             if safe > 0:
                 yield held[:safe]
                 held = held[safe:]
-        raise WorkerLost("the worker ended the stream without finishing")
+        raise WorkerLost(f"worker {address} ended the stream without finishing")
     except grpc.aio.AioRpcError as exc:
-        raise WorkerLost(f"worker {address} failed: {exc.code().name}: {exc.details()}") from None
+        code = exc.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            channels.retire(address)
+        raise WorkerLost(f"worker {address}: {code.name}: {exc.details()}", retryable=code in RETRYABLE) from None
     finally:
         call.cancel()
+        channels.done(entry)

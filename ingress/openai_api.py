@@ -4,6 +4,7 @@ right exception."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -39,17 +40,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints. Unknown fields are ignored, as OpenAI-compatible servers do."""
+INT32_MAX = 2**31 - 1
+INT64 = 2**63
 
-    model_config = ConfigDict(extra="ignore")
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints. Unknown fields are ignored, as OpenAI-compatible servers do.
+    Numbers are refused outside what the engine takes (NaN and infinities included), so that nothing
+    admitted can fail on its way to the worker."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
     stop: str | list[str] | None = None
     n: int = 1
     ignore_eos: bool = False
@@ -81,6 +88,8 @@ class CompletionRequest(_Sampling):
     def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
         if isinstance(prompt, list) and len(prompt) != 1:
             raise ValueError("exactly one prompt is supported")
+        if not (prompt if isinstance(prompt, str) else prompt[0]):
+            raise ValueError("the prompt must not be empty")
         return prompt
 
     def prompt_text(self) -> str:
@@ -106,11 +115,51 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     def message_dicts(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it."""
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+MAX_JSON_DEPTH = 32
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, strictly: UTF-8, no NaN or Infinity, nesting at most ``MAX_JSON_DEPTH``
+    deep, and every string encodable (a lone UTF-16 surrogate such as "\\ud800" is not text). Anything
+    else is the client's 400, before anything is reserved for it."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                _check_text(key)
+                stack.append((inner, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((inner, depth + 1) for inner in item)
+    return value
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request has a string that is not valid Unicode (a lone surrogate)") from None
 
 
 def parse_body(model: type[_Sampling], body: Any) -> Any:

@@ -20,7 +20,7 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import TicketFields, sign
+from common.tickets import TicketFields, sign, ticket_message
 from common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
 from dispatcher.core import SchedulerConfig
 from dispatcher.metrics import ServiceHistory
@@ -192,14 +192,8 @@ async def _alternate(
 
 
 async def _direct_first_token(stub: rpc.WorkerStub, worker_id: str, secret: bytes, rid: str) -> float:
-    fields = TicketFields(rid, "bench", worker_id, time.time() + 30)
-    ticket = pb.Ticket(
-        request_id=rid,
-        tenant="bench",
-        worker_id=worker_id,
-        expires_at=fields.expires_at,
-        signature=sign(secret, fields),
-    )
+    fields = TicketFields(rid, "bench", worker_id, time.time() + 30, prompt_tokens=1, max_tokens=1)
+    ticket = ticket_message(fields, sign(secret, fields))
     request = pb.GenerateRequest(ticket=ticket, prompt="hello", prompt_tokens=1, max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()
     call = stub.Generate(request)

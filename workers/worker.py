@@ -21,7 +21,7 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import WORKER_AUTH_HEADER, TicketFields, check, worker_token
+from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
 from workers.engines.interface import EngineRunner, GenerationParams, StepReport
 
@@ -72,6 +72,7 @@ class Worker:
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
+        self._tickets = TicketBook()  # tickets served: each once
         self.address = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -139,7 +140,7 @@ class Worker:
                 if self._locate is not None:
                     self.dispatcher_address = await self._locate()
                 async with grpc.aio.insecure_channel(self.dispatcher_address) as channel:
-                    token = worker_token(self._secret, self.worker_id, time.time())
+                    token = worker_token(self._secret, self.worker_id, self.address, time.time())
                     call = rpc.DispatcherStub(channel).Connect(
                         self._messages(), metadata=((WORKER_AUTH_HEADER, token),)
                     )
@@ -214,12 +215,18 @@ class _WorkerServicer(rpc.WorkerServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         w = self.worker
         t = request.ticket
-        fields = TicketFields(t.request_id, t.tenant, t.worker_id, t.expires_at)
-        problem = check(w._secret, fields, t.signature, w.worker_id, time.time())
+        fields = ticket_fields(t)
+        now = time.time()
+        problem = check(w._secret, fields, t.signature, w.worker_id, now)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+        problem = check_size(fields, request.prompt_tokens, request.max_tokens)
         if problem is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
         if t.request_id in w._running:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "this request is already running here")
+        if not w._tickets.take(t.signature, t.expires_at, now):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this ticket was used already")
         params = GenerationParams(
             prompt=request.prompt,
             max_tokens=request.max_tokens,
@@ -268,6 +275,14 @@ class _WorkerServicer(rpc.WorkerServicer):
                 )
                 if delta.finish_reason:
                     return
+        except (ValueError, TypeError) as exc:  # the engine refused this request: it alone fails
+            log.warning("worker %s: the engine refused %s: %s", w.worker_id, t.request_id, exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the engine refused the request")
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception:
+            log.exception("worker %s: the engine failed on %s", w.worker_id, t.request_id)
+            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on the request")
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]  # aborts the request if it still runs
             w._running.pop(t.request_id, None)

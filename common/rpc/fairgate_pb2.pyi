@@ -133,18 +133,22 @@ class Abort(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature")
+    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     worker_id: str
     expires_at: float
     signature: bytes
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    prompt_tokens: int
+    max_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("ticket", "prompt", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "has_seed", "stop", "ignore_eos", "templated", "final_only")

@@ -20,6 +20,7 @@ from dispatcher.core.reasons import (
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
+    REJECT_UNKNOWN_KEY,
 )
 from dispatcher.core.scheduler import Assignment, FairScheduler, LeaveResult, SchedulerConfig
 from dispatcher.core.workers import WorkerSlot, WorkerTable
@@ -31,6 +32,7 @@ __all__ = [
     "REJECT_RATE_LIMITED",
     "REJECT_TENANT_QUEUE_FULL",
     "REJECT_TOO_LARGE",
+    "REJECT_UNKNOWN_KEY",
     "Assignment",
     "CostFunction",
     "Demand",

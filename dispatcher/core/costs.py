@@ -43,7 +43,23 @@ class ProfiledCost:
 
     The quadratic terms charge long generations more per token, as attention over a growing context
     costs more; the constant charges each request's fixed overhead at dispatch.
+
+    Every charge must be non-negative, or a tenant's counter could go down as it is served (and the
+    waiting set, which re-keys growing keys lazily, would lose its order): the dispatch charge
+    h(x, 0) = a x + e and each output token's h(x, k) - h(x, k-1) = b + c x + d (2k - 1), for every
+    x >= 0 and k >= 1. That holds exactly when a, c, d, e >= 0 and b + d >= 0; anything else is refused.
     """
+
+    def __post_init__(self) -> None:
+        coeffs = {"a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e}
+        if any(v != v or v in (float("inf"), float("-inf")) for v in coeffs.values()):
+            raise ValueError(f"profiled cost: coefficients must be finite numbers, got {coeffs}")
+        negative = [name for name in ("a", "c", "d", "e") if coeffs[name] < 0]
+        if negative or self.b + self.d < 0:
+            what = ", ".join(f"{n} = {coeffs[n]:g}" for n in negative) or f"b + d = {self.b + self.d:g}"
+            raise ValueError(
+                f"profiled cost: a charge could be negative ({what}); h needs a, c, d, e >= 0 and b + d >= 0"
+            )
 
     a: float = PAPER_PROFILE_COEFFS[0]
     b: float = PAPER_PROFILE_COEFFS[1]

@@ -31,12 +31,14 @@ class Ledger:
         h = self._h
         return (0.0 if after is None else h(*after)) - (0.0 if before is None else h(*before))
 
-    def account(self, tenant: Tenant, served: Move, charged: Move | None = None) -> None:
+    def account(self, tenant: Tenant, served: Move, charged: Move | None = None, weight: float | None = None) -> None:
         """Move a request's service point (the tenant's exact service) and its charged point (the
         tenant's counter, divided by its weight); ``charged`` None: the same move as ``served``, when
-        nothing is charged ahead (the cost is computed once: this runs for every step of a request)."""
+        nothing is charged ahead (the cost is computed once: this runs for every step of a request).
+        ``weight``: the weight a correction or refund is divided by, the one of the charge it undoes
+        (a live weight change in between must not turn a refund into credit); default the current one."""
         amount = self.cost_between(*served)
         tenant.service += amount
         if charged is not None:
             amount = self.cost_between(*charged)
-        tenant.counter += amount / tenant.weight
+        tenant.counter += amount / (tenant.weight if weight is None else weight)

@@ -14,7 +14,9 @@ class Request:
 
     ``charged_output``: output tokens already charged to the tenant's counter (a prediction is charged
     up front, so it can run ahead of ``output_tokens``). ``need``: KV tokens reserved on its worker.
-    ``true_output`` is known only in experiments (the oracle predictor reads it).
+    ``true_output`` is known only in experiments (the oracle predictor reads it). ``weight``: the
+    tenant's weight when it was dispatched, which the dispatch charge was divided by (its refunds and
+    corrections use it too).
     """
 
     id: str
@@ -31,6 +33,7 @@ class Request:
     charged_output: int = 0
     started: bool = False
     dispatched_at: float | None = None
+    weight: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

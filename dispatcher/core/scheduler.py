@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from dispatcher.core import snapshots
@@ -65,19 +65,7 @@ class SchedulerConfig:
         make_placement(self.placement)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "cost": self.cost.spec(),
-            "placement": self.placement,
-            "strict_head_of_line": self.strict_head_of_line,
-            "relaxed_scan": self.relaxed_scan,
-            "output_reserve_cap": self.output_reserve_cap,
-            "max_engine_waiting": self.max_engine_waiting,
-            "seed": self.seed,
-            "max_queued_per_tenant": self.max_queued_per_tenant,
-            "max_queued": self.max_queued,
-            "max_queue_s": self.max_queue_s,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"cost": self.cost.spec()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SchedulerConfig:
@@ -129,7 +117,10 @@ class FairScheduler:
         self._arrivals: list[tuple[float, int, str]] = []  # heap of (arrival, seq, id), only with max_queue_s
         self._last_left: str | None = None
         self._next_seq = 0
-        self._settled: dict[str, tuple[int, int, int]] = {}  # id -> (prompt, output, charged output)
+        # id -> (prompt, output, charged output, weight charged at) of requests that ran when their worker
+        # or this dispatcher went away: what a re-announcement is charged beyond
+        self._settled: dict[str, tuple[int, int, int, float]] = {}
+        self._resumed: set[str] = set()  # tenants waiting when the durable state was written (not lifted)
         self.longest_prompt = 0  # of every request submitted, and the largest max_tokens: for 2U
         self.longest_output = 0
         self.dropped: list[tuple[Request, str]] = []
@@ -159,8 +150,11 @@ class FairScheduler:
         max_tokens: int,
         now: float,
         true_output: int | None = None,
+        resumed: bool = False,
     ) -> str | None:
-        """Queue a request. Returns None when accepted, else the reason it was rejected."""
+        """Queue a request. Returns None when accepted, else the reason it was rejected. ``resumed``: a
+        request admitted before (its caller asks again after a dispatcher restart): the policy's
+        admission (e.g. RPM's window) is not asked again."""
         if request_id in self._in_flight or request_id in self._queued_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
@@ -172,9 +166,6 @@ class FairScheduler:
         if largest and need > largest:
             t.rejected += 1
             return REJECT_TOO_LARGE
-        if not self.policy.admit(t, now):
-            t.rejected += 1
-            return REJECT_RATE_LIMITED
         config = self.config
         if config.max_queued_per_tenant is not None and len(t.queue) >= config.max_queued_per_tenant:
             t.rejected += 1
@@ -182,6 +173,9 @@ class FairScheduler:
         if config.max_queued is not None and len(self._queued_ids) >= config.max_queued:
             t.rejected += 1
             return REJECT_QUEUE_FULL
+        if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
+            t.rejected += 1
+            return REJECT_RATE_LIMITED
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
         self._next_seq += 1
         if prompt_tokens > self.longest_prompt:
@@ -189,7 +183,10 @@ class FairScheduler:
         if max_tokens > self.longest_output:
             self.longest_output = max_tokens
         if not t.queue:
-            self.policy.rejoin(t, self._floor)
+            if tenant in self._resumed:  # it was waiting when the dispatcher stopped: never idle, no lift
+                self._resumed.discard(tenant)
+            else:
+                self.policy.rejoin(t, self._floor)
             t.queue.append(req)
             self._waiting.push(tenant, self._key(tenant))
         else:
@@ -286,10 +283,8 @@ class FairScheduler:
         before = self._key_if_waiting(t)
         if not req.started and req.output_tokens == 0:
             self._refund_dispatch(t, req)
-        elif req.charged_output > req.output_tokens:  # ended short of its prediction: refund the rest
-            served = (req.prompt_tokens, req.output_tokens)
-            self.ledger.account(t, (served, served), ((req.prompt_tokens, req.charged_output), served))
-            req.charged_output = req.output_tokens
+        else:
+            self._settle_prediction(t, req)
         self._release(req)
         t.in_flight -= 1
         t.finished += 1
@@ -342,10 +337,11 @@ class FairScheduler:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
             del self._in_flight[req.id]
+            self._settle_prediction(t, req)  # it ends here: a prediction it never reached is not kept
             t.in_flight -= 1
             t.finished += 1
             self._rekey_if_lower(t, before)
-            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output)
+            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output, req.weight)
             lost.append(req.id)
         requeued.reverse()
         return LeaveResult(requeued, lost)
@@ -386,7 +382,7 @@ class FairScheduler:
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
-        before_p, before_out, before_charged = self._settled.pop(request_id, (0, 0, 0))
+        before_p, before_out, before_charged, weight = self._settled.pop(request_id, (0, 0, 0, t.weight))
         known = bool(before_p or before_out or before_charged)
         charged = max(output_tokens, before_charged)
         self.ledger.account(
@@ -399,7 +395,7 @@ class FairScheduler:
         need = self._need(prompt_tokens, length)
         req = Request(request_id, tenant, prompt_tokens, length, 0.0, self._next_seq, need)
         self._next_seq += 1
-        req.worker, req.started = worker_id, True
+        req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight
         req.output_tokens, req.charged_output = output_tokens, charged
         slot.committed += need
         slot.in_flight += 1
@@ -503,8 +499,10 @@ class FairScheduler:
         snapshots.restore_durable(self, data)
 
     def forget_settled(self) -> None:
-        """Drop what was kept for re-announcements (once every worker has had time to re-attach)."""
+        """Drop what was kept for re-announcements and re-submissions after a restart (once every
+        worker and caller has had time to come back)."""
         self._settled.clear()
+        self._resumed.clear()
 
     # --------------------------------------------------------------- internals
 
@@ -569,6 +567,7 @@ class FairScheduler:
         n_p = req.prompt_tokens
         self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
         req.predicted = req.charged_output = predicted
+        req.weight = t.weight
         req.worker, req.dispatched_at = slot.id, now
         slot.committed += req.need
         slot.pending_count += 1
@@ -591,7 +590,9 @@ class FairScheduler:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
             old, out, charged = req.prompt_tokens, req.output_tokens, req.charged_output
-            self.ledger.account(t, ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged)))
+            self.ledger.account(
+                t, ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged)), req.weight
+            )
             delta = prompt_tokens - old
             req.prompt_tokens = prompt_tokens
             req.need += delta
@@ -616,7 +617,15 @@ class FairScheduler:
     def _refund_dispatch(self, t: Tenant, req: Request) -> None:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
         n_p = req.prompt_tokens
-        self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None))
+        self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None), req.weight)
+
+    def _settle_prediction(self, t: Tenant, req: Request) -> None:
+        """A request that ends (or is lost) short of its prediction gets the unused part back, at the
+        weight it was charged at (its dispatch)."""
+        if req.charged_output > req.output_tokens:
+            served = (req.prompt_tokens, req.output_tokens)
+            self.ledger.account(t, (served, served), ((req.prompt_tokens, req.charged_output), served), req.weight)
+            req.charged_output = req.output_tokens
 
     def _drop(self, t: Tenant, req: Request, reason: str) -> None:
         self._take(t, req)

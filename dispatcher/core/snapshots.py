@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dispatcher.core.scheduler import FairScheduler
 
 SNAPSHOT_VERSION = 2
-DURABLE_VERSION = 1
+DURABLE_VERSION = 2
 _DURABLE_FIELDS = ("name", "weight", "lifted", "submitted", "rejected", "finished", "output_tokens")
 
 
@@ -38,6 +38,7 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "workers": s.workers.snapshot(),
         "policy": s.policy.snapshot(),
         "settled": [[rid, *row] for rid, row in s._settled.items()],
+        "resumed": sorted(s._resumed),
     }
 
 
@@ -58,7 +59,8 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
     s.longest_prompt, s.longest_output = (int(v) for v in data["longest"])
     s.workers.restore(data["workers"])
     s.policy.restore(data["policy"])
-    s._settled = {rid: (int(p), int(o), int(c)) for rid, p, o, c in data["settled"]}
+    s._settled = _settled_rows(data["settled"])
+    s._resumed = set(data.get("resumed", ()))
     if s.config.max_queue_s is not None:
         s._arrivals = sorted((r.arrival, r.seq, r.id) for t in s.tenants.values() for r in t.queue)  # a heap
     return s
@@ -70,7 +72,9 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
     books = {t.name: Tenant(t.name, t.weight, t.counter, t.service, t.lifted) for t in s.tenants.values()}
     for r in s._in_flight.values():
         if not r.started:
-            s.ledger.account(books[r.tenant], ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None))
+            s.ledger.account(
+                books[r.tenant], ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None), r.weight
+            )
     rows = []
     for t in s.tenants.values():
         kept = books[t.name]
@@ -79,11 +83,16 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
         "version": DURABLE_VERSION,
         "tenants": rows,
         "charged": [
-            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output] for r in s._in_flight.values() if r.started
+            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output, r.weight]
+            for r in s._in_flight.values()
+            if r.started
         ]
         + [[rid, *row] for rid, row in s._settled.items()],
         "next_seq": s._next_seq,
         "last_left": s._last_left,
+        # who was waiting (or assigned, not started: it comes back to its queue): they keep their
+        # counters when their callers ask again, as if they had never stopped waiting
+        "waiting": sorted({*s._waiting, *(r.tenant for r in s._in_flight.values() if not r.started)} | s._resumed),
         "longest": [s.longest_prompt, s.longest_output],
         "policy": s.policy.snapshot(),
     }
@@ -91,16 +100,22 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
 
 def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
     """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
-    if data.get("version") != DURABLE_VERSION:
+    if data.get("version") not in (1, DURABLE_VERSION):  # version 1: no waiting set recorded
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     if s._in_flight or s._queued_ids:
         raise ValueError("restore_durable needs a scheduler with nothing queued or in flight")
     for row in data["tenants"]:
         t = Tenant.from_state({**row, "queue": [], "in_flight": 0})
         s.tenants[t.name] = t
-    s._settled = {rid: (int(p), int(out), int(charged)) for rid, p, out, charged in data["charged"]}
+    s._settled = _settled_rows(data["charged"])
     s._next_seq = int(data["next_seq"])
     last = data["last_left"]
     s._last_left = last if last in s.tenants else None
+    s._resumed = {name for name in data.get("waiting", ()) if name in s.tenants}
     s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
+
+
+def _settled_rows(rows: list[list[Any]]) -> dict[str, tuple[int, int, int, float]]:
+    """[id, prompt, output, charged output, weight] rows (older states have no weight: 1)."""
+    return {row[0]: (int(row[1]), int(row[2]), int(row[3]), float(row[4]) if len(row) > 4 else 1.0) for row in rows}

@@ -113,7 +113,7 @@ def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
             name = next(n for n in engine_names() if engine_for(n).serves_models)  # --model asks for a model
         engine = engine_for(name)
         try:
-            settings = engine.override(engine.settings(workers.settings), model=o.model, kv_tokens=o.kv_tokens)
+            settings = engine.override(workers.settings, model=o.model, kv_tokens=o.kv_tokens)
         except ValueError as exc:
             raise ConfigError(f"command line: {exc}") from None
         switched = name != workers.engine

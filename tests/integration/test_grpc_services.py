@@ -80,15 +80,15 @@ def test_worker_refuses_generate_without_a_valid_ticket(tamper):
     async def scenario():
         service, workers = await cluster()
         w = workers[0]
-        fields = TicketFields("forged", "mallory", "w0", time.time() + 30)
+        fields = TicketFields("forged", "mallory", "w0", time.time() + 30, 10, 5)
         signature = sign(SECRET, fields)
         if tamper == "signature":
             signature = sign(b"some other secret", fields)
         elif tamper == "worker":
-            fields = TicketFields("forged", "mallory", "w9", fields.expires_at)
+            fields = TicketFields("forged", "mallory", "w9", fields.expires_at, 10, 5)
             signature = sign(SECRET, fields)
         else:
-            fields = TicketFields("forged", "mallory", "w0", time.time() - 1)
+            fields = TicketFields("forged", "mallory", "w0", time.time() - 1, 10, 5)
             signature = sign(SECRET, fields)
         forged = Placement("forged", "w0", w.address, fields, signature)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -235,17 +235,6 @@ def test_only_a_worker_holding_the_cluster_secret_can_attach():
     asyncio.run(scenario())
 
 
-def test_worker_credentials_are_bound_to_the_worker_and_expire():
-    from common.tickets import check_worker_token, worker_token
-
-    token = worker_token(SECRET, "w1", 1000.0)
-    assert check_worker_token(SECRET, "w1", token, 1010.0) is None
-    assert check_worker_token(SECRET, "w2", token, 1010.0) == "bad worker credentials"
-    assert check_worker_token(b"other", "w1", token, 1010.0) == "bad worker credentials"
-    assert check_worker_token(SECRET, "w1", token, 5000.0) == "worker credentials too old"
-    assert check_worker_token(SECRET, "w1", "", 1000.0) == "bad worker credentials"
-
-
 def test_a_request_whose_worker_died_before_starting_it_is_placed_again_once():
     """The worker dies (its stream to the dispatcher breaks) after the request was assigned to it but
     before it started: the caller asks again with the same id and gets a placement elsewhere; the tenant
@@ -277,8 +266,9 @@ def test_a_request_whose_worker_died_before_starting_it_is_placed_again_once():
 def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
     async def scenario():
         service, workers = await cluster(n_workers=2)
-        placement = await service.submit("r1", "A", 10, 200)
-        stream = asyncio.create_task(generate(placement, "x " * 10, 200))
+        # long enough (3,000 steps of 2 ms) to outlast the worker's 0.5 s grace when it stops
+        placement = await service.submit("r1", "A", 10, 3000)
+        stream = asyncio.create_task(generate(placement, "x " * 10, 3000))
         while not service.scheduler.in_flight()["r1"].started:
             await asyncio.sleep(0.01)
         victim = next(w for w in workers if w.worker_id == placement.worker_id)
@@ -288,7 +278,7 @@ def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
         while victim.worker_id in service.scheduler.workers.slots:
             await asyncio.sleep(0.01)
         with pytest.raises(Rejected, match="worker_lost"):
-            await service.submit("r1", "A", 10, 200, retry=True)
+            await service.submit("r1", "A", 10, 3000, retry=True)
         assert not service.scheduler.in_flight() and service.scheduler.queue_depth() == 0
         await shutdown(service, [w for w in workers if w is not victim])
 
@@ -328,5 +318,84 @@ def test_a_worker_re_attaching_to_a_restarted_dispatcher_re_announces_what_it_ru
         assert a.output_tokens == 100 and a.service == 20 + 2 * 100  # exact across the restart
         await worker.stop()
         await new.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_ticket_serves_once_and_no_more_than_it_admitted():
+    async def scenario():
+        service, workers = await cluster()
+        placement = await service.submit("r1", "alice", 3, 5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # more than was admitted (and charged for)
+            await generate(placement, "one two three", 500)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "admitted" in err.value.details()
+        chunks = await generate(placement, "one two three", 5)
+        assert chunks[-1].finish_reason == "length"
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # the same ticket again
+            await generate(placement, "one two three", 5)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "used" in err.value.details()
+        assert workers[0].generated["r1"] == 1
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_a_released_assignment_frees_its_reservation_at_once():
+    """The ingress gives up on an assignment before its worker started it (it failed on the way, or
+    the client left): the next tenant's request is placed now, not when the ticket expires."""
+
+    async def scenario():
+        service, workers = await cluster(kv_tokens=100)
+        await service.submit("big", "mallory", 10, 90)  # the whole pool
+        waiting = asyncio.ensure_future(service.submit("next", "alice", 10, 50))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        service.release("big")
+        placement = await asyncio.wait_for(waiting, 5)
+        assert placement.request_id == "next"
+        stats = service.stats()["tenants"]
+        assert stats["mallory"]["in_flight"] == 0 and stats["mallory"]["counter"] == 0  # refunded
+        assert service.scheduler.workers["w0"].committed == 60
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_one_request_failing_on_a_worker_never_ends_another_stream_on_the_same_channel():
+    """The ingress shares one channel per worker: a call refused by the worker (a bad ticket) or ended
+    by its client must leave every other call on that channel streaming."""
+    from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_text
+
+    async def scenario():
+        service, workers = await cluster()
+        channels = WorkerChannels()
+        long = await service.submit("long", "alice", 3, 200)
+        outcome = Outcome()
+        request = pb.GenerateRequest(
+            ticket=long.ticket_message(), prompt="one two three", prompt_tokens=3, max_tokens=200, ignore_eos=True
+        )
+        stream = stream_text(channels, long.address, request, [], outcome)
+        pieces = [await anext(stream)]
+        for tamper in ("signature", "too large"):
+            bad = await service.submit(f"bad-{tamper}", "mallory", 3, 5)
+            ticket = bad.ticket_message()
+            if tamper == "signature":
+                ticket.signature = b"x" * 32
+            bad_request = pb.GenerateRequest(ticket=ticket, prompt="hi", max_tokens=5 if tamper == "signature" else 50)
+            failing = stream_text(channels, bad.address, bad_request, [], Outcome())
+            with pytest.raises(WorkerLost) as err:
+                await anext(failing)
+            assert workers[0].address not in str(err.value) and "PERMISSION" not in str(err.value)
+            service.release(bad.request_id)
+        quitter = await service.submit("quitter", "bob", 3, 200)
+        q = pb.GenerateRequest(ticket=quitter.ticket_message(), prompt="a b c", prompt_tokens=3, max_tokens=200)
+        leaving = stream_text(channels, quitter.address, q, [], Outcome())
+        await anext(leaving)
+        await leaving.aclose()  # its client left
+        pieces += [piece async for piece in stream]
+        assert outcome.finish_reason == "length" and outcome.completion_tokens == 200
+        assert count_tokens("".join(pieces)) == 200
+        await channels.close()
+        await shutdown(service, workers)
 
     asyncio.run(scenario())

@@ -27,7 +27,7 @@ class RequestsPerMinute(FirstComeFirstServed):
 
     name = "rpm"
     usage = "rpm:N"
-    examples = ("rpm:3",)
+    examples = ("rpm:3", "rpm:20")  # refusing most requests, and letting queues fill up
     work_conserving = False
 
     def __init__(self, seed: int = 0, limit: int = 1) -> None:

@@ -19,7 +19,9 @@ class SimulatedPlugin(EnginePlugin):
         return validate_section(SimulatedSettings, dict(raw), "workers").model_dump()
 
     def override(self, settings: Settings, *, model: str | None = None, kv_tokens: int | None = None) -> Settings:
-        return self.settings({**settings, **({} if kv_tokens is None else {"kv_tokens": kv_tokens})})
+        if kv_tokens is not None:
+            settings = {**settings, "kv_tokens": kv_tokens}
+        return self.settings(settings)
 
     def runner(self, settings: Settings) -> EngineRunner:
         from workers.engines.simulated.model import SimulatedEngine

@@ -1,0 +1,118 @@
+"""The core's edge cases that a hostile tenant or an unlucky failure could turn into free service, one
+test each (the property suite in ``test_policy_conformance`` finds them too, on random event lists)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dispatcher.core import REJECT_RATE_LIMITED, REJECT_TENANT_QUEUE_FULL, FairScheduler, ProfiledCost, cost_from_spec
+from dispatcher.core.costs import fit_profiled_cost
+from tests.unit.schedulers import make
+
+
+def test_a_restart_keeps_the_deficit_of_tenants_that_were_waiting():
+    s = make()
+    s.worker_join("w", kv_tokens=300)
+    s.submit("b1", "B", 100, 100, 0.0)
+    s.assign(0.0)  # B runs: its counter is 100, the pool is full
+    s.submit("a1", "A", 100, 100, 0.0)  # A waits, lifted to... nobody waits: B's counter? B never left
+    s.on_report("w", {"b1": 100}, started={"b1": 100})
+    s.on_finish("b1", 100, "length", 1.0)  # B: 300, and B was the last to leave the waiting set
+    a_before = s.tenants["A"].counter
+    assert a_before < s.tenants["B"].counter
+    state = json.loads(json.dumps(s.durable_state()))
+    restarted = FairScheduler(s.config)
+    restarted.restore_durable(state)
+    assert restarted.submit("a1", "A", 100, 100, 2.0, resumed=True) is None  # its caller asks again
+    assert restarted.tenants["A"].counter == pytest.approx(a_before)  # not lifted to B's 300
+    assert restarted.tenants["A"].lifted == pytest.approx(s.tenants["A"].lifted)
+
+
+def test_a_refund_after_a_live_weight_change_undoes_exactly_the_charge():
+    s = make()
+    s.worker_join("w", kv_tokens=1000)
+    s.submit("a1", "A", 100, 10, 0.0)
+    s.assign(0.0)  # charged 100 at weight 1
+    s.add_tenant("A", 0.1)
+    assert s.requeue("a1")
+    assert s.tenants["A"].counter == pytest.approx(0.0)  # not 100 - 100 / 0.1 = -900
+    s.assign(1.0)  # charged again, at the new weight
+    assert s.tenants["A"].counter == pytest.approx(1000.0)
+    s.add_tenant("A", 4.0)
+    s.on_finish("a1", 0, "abort", 2.0)  # never started: the dispatch charge goes back
+    assert s.tenants["A"].counter == pytest.approx(0.0)
+
+
+def test_a_prediction_refund_after_a_weight_change_uses_the_weight_of_the_charge():
+    s = make("vtc-oracle")
+    s.worker_join("w", kv_tokens=1000)
+    s.submit("a1", "A", 10, 100, 0.0, true_output=50)
+    s.assign(0.0)  # 10 + 2 * 50 charged ahead, at weight 1
+    s.add_tenant("A", 0.5)
+    s.on_report("w", {"a1": 5}, started={"a1": 10})
+    s.on_finish("a1", 5, "stop", 1.0)  # 45 predicted tokens unused: 90 back, divided by 1
+    assert s.tenants["A"].counter == pytest.approx(10 + 2 * 5)
+    assert s.tenants["A"].counter >= 0
+
+
+def test_a_request_refused_for_a_full_queue_uses_no_rate_slot():
+    s = make("rpm:2", max_queued_per_tenant=1)
+    assert s.submit("a1", "A", 10, 10, 0.0) is None
+    assert s.submit("a2", "A", 10, 10, 1.0) == REJECT_TENANT_QUEUE_FULL
+    s.cancel("a1")
+    assert s.submit("a3", "A", 10, 10, 2.0) is None  # the second slot of the minute is still free
+    assert s.submit("a4", "A", 10, 10, 3.0) == REJECT_TENANT_QUEUE_FULL
+    s.cancel("a3")
+    assert s.submit("a5", "A", 10, 10, 4.0) == REJECT_RATE_LIMITED  # two admitted this minute
+
+
+def test_a_resumed_request_is_not_counted_against_the_rate_again():
+    s = make("rpm:1")
+    assert s.submit("a1", "A", 10, 10, 0.0) is None
+    state = json.loads(json.dumps(s.durable_state()))
+    restarted = FairScheduler(s.config)
+    restarted.restore_durable(state)
+    assert restarted.submit("a1", "A", 10, 10, 1.0, resumed=True) is None  # admitted before the restart
+    assert restarted.submit("a2", "A", 10, 10, 2.0) == REJECT_RATE_LIMITED
+
+
+@pytest.mark.parametrize("policy", ["vtc-predict", "vtc-oracle"])
+def test_a_request_lost_with_its_worker_keeps_no_prediction_it_never_consumed(policy):
+    s = make(policy)
+    s.policy.observe("A", 150)  # vtc-predict learns from what A's requests generated before
+    s.worker_join("w", kv_tokens=1000)
+    s.submit("a1", "A", 10, 200, 0.0, true_output=150)
+    s.assign(0.0)
+    s.on_report("w", {"a1": 3}, started={"a1": 10})
+    assert s.tenants["A"].counter > 10 + 2 * 3  # the prediction is charged ahead
+    assert s.worker_leave("w").lost == ["a1"]
+    assert s.tenants["A"].counter == pytest.approx(10 + 2 * 3)  # only what it consumed
+    assert s.tenants["A"].counter == pytest.approx(s.tenants["A"].service)
+
+
+@pytest.mark.parametrize(
+    "coeffs",
+    [
+        (0.2, -0.5, 0.0, 0.1, 1.0),  # b + d < 0: the first output token would be a refund
+        (0.2, 0.1, -0.001, 0.0, 1.0),  # c < 0: long prompts make output tokens negative
+        (0.2, 0.1, 0.0, -0.001, 1.0),  # d < 0: long outputs turn negative
+        (-0.2, 0.1, 0.0, 0.0, 1.0),  # a < 0: long prompts are negative at dispatch
+        (0.2, 0.1, 0.0, 0.0, float("nan")),
+    ],
+)
+def test_a_cost_function_with_a_negative_charge_is_refused_when_loaded(coeffs):
+    with pytest.raises(ValueError, match="profiled cost"):
+        cost_from_spec({"kind": "profiled", "coeffs": list(coeffs)})
+
+
+def test_a_fitted_profile_with_a_negative_charge_is_refused():
+    # decode time that falls with the output length: the fit has d < 0
+    profile = {str(x): {str(y): [1, 0.001 * x, 0.5 * y - 0.002 * y * y] for y in (1, 50, 100)} for x in (1, 50, 100)}
+    with pytest.raises(ValueError, match="profiled cost"):
+        fit_profiled_cost(profile)
+
+
+def test_the_papers_fit_is_accepted():
+    assert ProfiledCost().total(100, 10) > 0
