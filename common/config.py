@@ -247,6 +247,7 @@ def _scheduler(raw: dict[str, Any]) -> dict[str, Any]:
     if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0):
         raise ValueError(f"output_reserve_cap must be a whole number >= 0, got {reserve!r}")
     return SchedulerConfig(
+        reserve=str(raw.get("reserve", "predicted")),
         policy=policy,
         cost=cost,
         placement=placement,

@@ -58,10 +58,12 @@ class DispatcherActor:
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
 
     async def _ready(self) -> str:
-        """Load durable state and start the gRPC service, once; every call waits for it."""
-        if self._started is None:
-            self._started = asyncio.get_running_loop().create_task(self._start())
-        return await asyncio.shield(self._started)
+        """Load durable state and start the gRPC service, once; every call waits for it. A start that
+        failed (e.g. Redis not reachable yet) is not kept: the next call tries again."""
+        started = self._started
+        if started is None or (started.done() and (started.cancelled() or started.exception() is not None)):
+            started = self._started = asyncio.get_running_loop().create_task(self._start())
+        return await asyncio.shield(started)
 
     async def _start(self) -> str:
         state = self._settings["state"]
@@ -239,10 +241,17 @@ def dispatcher_name(app: str) -> str:
     return f"fairgate-dispatcher-{app}"
 
 
+# A Ray custom resource that only the node meant for the dispatcher has (on Kubernetes: the head pod,
+# the one that may reach Redis and mounts the tenants' Secret); unset: any node.
+DISPATCHER_RESOURCE_ENV = "FAIRGATE_DISPATCHER_RESOURCE"
+
+
 def get_or_create_dispatcher(app: str, gateway: dict[str, Any], secret: str):
     """The app's dispatcher (``gateway``: the gateway's plain configuration, or ``dispatcher_settings``).
     Ray restarts it whenever its process dies."""
+    resource = os.environ.get(DISPATCHER_RESOURCE_ENV)
     return DispatcherActor.options(
+        resources={resource: 0.001} if resource else None,
         name=dispatcher_name(app),
         namespace="fairgate",
         get_if_exists=True,

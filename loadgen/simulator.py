@@ -34,6 +34,7 @@ class SimulationConfig:
     cost: CostFunction = field(default_factory=LinearCost)
     strict_head_of_line: bool = True
     output_reserve_cap: int | None = None
+    reserve: str = "full"  # the paper's setting; "predicted": by what each tenant's requests generate
     preemption: bool = True
     block_size: int = 1
     max_running: int | None = None  # the engine's batch limit (vLLM's max_num_seqs)
@@ -161,9 +162,10 @@ class Simulation:
             rid = str(self._next_arrival)
             self._next_arrival += 1
             rec.on_arrival(rid, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens)
-            reason = sched.submit(rid, r.tenant, r.prompt_tokens, r.output_tokens, self.now, r.output_tokens)
+            asked = r.max_tokens or r.output_tokens
+            reason = sched.submit(rid, r.tenant, r.prompt_tokens, asked, self.now, r.output_tokens)
             if reason is not None:
-                rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, r.output_tokens))
+                rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
 
     def _dispatch(self) -> None:
         for a in self.scheduler.assign(self.now):

@@ -25,10 +25,14 @@ class WorkloadError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
+    """One request: ``output_tokens`` is what it generates; ``max_tokens`` what it asks for (None:
+    exactly what it generates, as in the paper's traces)."""
+
     tenant: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    max_tokens: int | None = None
 
 
 @dataclass

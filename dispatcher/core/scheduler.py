@@ -12,6 +12,7 @@ module keeps the books consistent between them. Snapshots are in ``dispatcher.co
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
@@ -24,6 +25,7 @@ from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
+from dispatcher.core.predictors import MovingAveragePredictor
 from dispatcher.core.reasons import (
     REJECT_QUEUE_FULL,
     REJECT_RATE_LIMITED,
@@ -32,6 +34,10 @@ from dispatcher.core.reasons import (
 )
 from dispatcher.core.waiting import WaitingSet
 from dispatcher.core.workers import WorkerSlot, WorkerTable
+
+
+RESERVES = ("full", "predicted")
+RESERVE_HEADROOM = 1.5  # a predicted reserve covers half as much again as the recent mean
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,12 @@ class SchedulerConfig:
     try up to ``relaxed_scan`` further tenants in the policy's order.
     ``output_reserve_cap``: KV tokens reserved for output per request; None reserves the full
     ``max_tokens`` (no engine preemption can happen), a number caps the reserve.
+    ``reserve``: ``full`` reserves ``max_tokens`` (capped as above); ``predicted`` reserves what the
+    tenant's recent requests generated (mean of the last 20, times ``RESERVE_HEADROOM``; ``max_tokens``
+    while nothing is known), and the engine's preemption covers a request that outgrows it. A
+    reservation is KV space others cannot use, yet only generated tokens are charged: with ``full``,
+    a tenant whose requests ask for the whole context and stop early holds the pool almost for free;
+    with ``predicted`` it holds what it uses (DESIGN §2b, "reservation is service too").
     ``max_engine_waiting``: at most this many requests assigned to a worker but not yet running.
     ``max_queued_per_tenant`` / ``max_queued``: caps on requests waiting (one tenant's / everyone's);
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
@@ -54,6 +66,7 @@ class SchedulerConfig:
     strict_head_of_line: bool = True
     relaxed_scan: int = 16
     output_reserve_cap: int | None = None
+    reserve: str = "full"
     max_engine_waiting: int = 8
     seed: int = 0
     max_queued_per_tenant: int | None = None
@@ -63,6 +76,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", make_policy(self.policy, self.seed).spec)  # refuses unknown ones
         make_placement(self.placement)
+        if self.reserve not in RESERVES:
+            raise ValueError(f"reserve must be one of {', '.join(RESERVES)}, got {self.reserve!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"cost": self.cost.spec()}
@@ -77,6 +92,7 @@ class SchedulerConfig:
             strict_head_of_line=bool(data.get("strict_head_of_line", True)),
             relaxed_scan=int(data.get("relaxed_scan", 16)),
             output_reserve_cap=data.get("output_reserve_cap"),
+            reserve=str(data.get("reserve", "full")),
             max_engine_waiting=int(data.get("max_engine_waiting", 8)),
             seed=int(data.get("seed", 0)),
             max_queued_per_tenant=_optional(data.get("max_queued_per_tenant"), int),
@@ -108,6 +124,8 @@ class FairScheduler:
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
         self.ledger = Ledger(self.cost)
+        # what each tenant's requests generate, for reservations by prediction (None: full reserves)
+        self.reserve_lengths = MovingAveragePredictor() if self.config.reserve == "predicted" else None
         self.workers = WorkerTable(make_placement(self.config.placement), self.config.max_engine_waiting)
         self.tenants: dict[str, Tenant] = {}
         self._key = self.policy.key_function(self.tenants)
@@ -161,9 +179,8 @@ class FairScheduler:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
         t.submitted += 1
-        need = self._need(prompt_tokens, max_tokens)
         largest = self.workers.largest_pool
-        if largest and need > largest:
+        if largest and self._need(prompt_tokens, max_tokens) > largest:  # could it ever run alone: its full size
             t.rejected += 1
             return REJECT_TOO_LARGE
         config = self.config
@@ -176,6 +193,7 @@ class FairScheduler:
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
+        need = self._reservation(tenant, prompt_tokens, max_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
         self._next_seq += 1
         if prompt_tokens > self.longest_prompt:
@@ -291,6 +309,8 @@ class FairScheduler:
         self._rekey_if_lower(t, before)
         if reason in ("stop", "length"):
             self.policy.observe(req.tenant, req.output_tokens)
+            if self.reserve_lengths is not None:
+                self.reserve_lengths.observe(req.tenant, req.output_tokens)
         return req
 
     def cancel(self, request_id: str) -> bool:
@@ -509,6 +529,15 @@ class FairScheduler:
     def _need(self, prompt_tokens: int, max_tokens: int) -> int:
         cap = self.config.output_reserve_cap
         return prompt_tokens + (max_tokens if cap is None else min(max_tokens, cap))
+
+    def _reservation(self, tenant: str, prompt_tokens: int, max_tokens: int) -> int:
+        """KV tokens a request reserves on its worker (``SchedulerConfig.reserve``)."""
+        lengths = self.reserve_lengths
+        if lengths is not None:
+            guess = lengths.predict(tenant, max_tokens, None)  # 0: nothing known yet
+            if guess:
+                max_tokens = min(max_tokens, math.ceil(guess * RESERVE_HEADROOM))
+        return self._need(prompt_tokens, max_tokens)
 
     def _floor(self) -> Tenant | None:
         """For the lift: the least-served waiting tenant, or the last to leave when no one waits."""

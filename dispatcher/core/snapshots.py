@@ -39,6 +39,7 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "policy": s.policy.snapshot(),
         "settled": [[rid, *row] for rid, row in s._settled.items()],
         "resumed": sorted(s._resumed),
+        "reserve_lengths": _lengths(s),
     }
 
 
@@ -61,6 +62,7 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
     s.policy.restore(data["policy"])
     s._settled = _settled_rows(data["settled"])
     s._resumed = set(data.get("resumed", ()))
+    _restore_lengths(s, data)
     if s.config.max_queue_s is not None:
         s._arrivals = sorted((r.arrival, r.seq, r.id) for t in s.tenants.values() for r in t.queue)  # a heap
     return s
@@ -95,6 +97,7 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
         "waiting": sorted({*s._waiting, *(r.tenant for r in s._in_flight.values() if not r.started)} | s._resumed),
         "longest": [s.longest_prompt, s.longest_output],
         "policy": s.policy.snapshot(),
+        "reserve_lengths": _lengths(s),
     }
 
 
@@ -112,6 +115,7 @@ def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
     last = data["last_left"]
     s._last_left = last if last in s.tenants else None
     s._resumed = {name for name in data.get("waiting", ()) if name in s.tenants}
+    _restore_lengths(s, data)
     s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
 
@@ -119,3 +123,12 @@ def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
 def _settled_rows(rows: list[list[Any]]) -> dict[str, tuple[int, int, int, float]]:
     """[id, prompt, output, charged output, weight] rows (older states have no weight: 1)."""
     return {row[0]: (int(row[1]), int(row[2]), int(row[3]), float(row[4]) if len(row) > 4 else 1.0) for row in rows}
+
+
+def _lengths(s: FairScheduler) -> dict[str, Any] | None:
+    return None if s.reserve_lengths is None else s.reserve_lengths.snapshot()
+
+
+def _restore_lengths(s: FairScheduler, data: Mapping[str, Any]) -> None:
+    if s.reserve_lengths is not None and data.get("reserve_lengths"):
+        s.reserve_lengths.restore(dict(data["reserve_lengths"]))

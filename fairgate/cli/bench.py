@@ -21,6 +21,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gw.add_argument("--requests", type=int, default=5000, help="requests pushed through the dispatcher")
     gw.add_argument("--samples", type=int, default=100, help="first-token samples each way")
     gw.set_defaults(bench=_gateway)
+    rb = targets.add_parser("reservation", help="reservation abuse: full vs predicted reservations, side by side")
+    rb.add_argument("--seconds", type=float, default=300.0, help="simulated seconds of overload")
+    rb.add_argument("--policy", default="vtc", help="fairness policy of both runs")
+    rb.set_defaults(bench=_reservation)
     vb = targets.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
     vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
     vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
@@ -38,6 +42,31 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     return args.bench(args)
+
+
+def _reservation(args: argparse.Namespace) -> int:
+    from loadgen.bench_reservation import GREEDY_MAX_TOKENS, bench_reservation
+
+    if args.seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    check_policies([args.policy])
+    rows = bench_reservation(args.seconds, policy=args.policy)
+    print(
+        f"reservation abuse, {args.seconds:.0f} simulated s on one A10G engine (10,000 KV tokens): 'greedy' sends "
+        f"8-token prompts with max_tokens {GREEDY_MAX_TOKENS:,} that stop after 4 tokens; 'honest' 256 in / 256 out"
+    )
+    print(f"{'reserve':>10}  {'tokens/s':>9}  {'honest/s':>9}  {'greedy/s':>9}  {'honest':>7}  {'greedy':>7}  gap / 2U")
+    for r in rows:
+        rate, share = r["service_per_s"], r["share"]
+        print(
+            f"{r['reserve']:>10}  {r['throughput_tokens_per_s']:>9.0f}  {rate['honest']:>9.0f}  {rate['greedy']:>9.0f}  "
+            f"{share['honest']:>7.1%}  {share['greedy']:>7.1%}  {r['max_backlogged_gap']:,.0f} / {r['bound_2u']:,.0f}"
+            f"{'' if r['bound_held'] else '  (over the bound)'}"
+        )
+    full, predicted = rows
+    ratio = predicted["throughput_tokens_per_s"] / max(full["throughput_tokens_per_s"], 1e-9)
+    print(f"predicted vs full: {ratio:.2f}x the throughput")
+    return 0
 
 
 def _core(args: argparse.Namespace) -> int:

@@ -170,3 +170,157 @@ def test_images_copy_every_package_the_project_installs(dockerfile):
         line.split()[-2] for line in (REPO / "deploy" / dockerfile).read_text().splitlines() if line.startswith("COPY")
     }
     assert packages <= copied, sorted(packages - copied)
+
+
+# ----------------------------------------------------------------------------- closed by default
+
+
+def pod_templates(docs: list[dict]) -> dict[str, dict]:
+    """Every pod template of an overlay, by the pod's name label (head, workers, Redis)."""
+    cluster = one(docs, "RayService")["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    templates.append(one(docs, "StatefulSet", "fairgate-redis")["spec"]["template"])
+    return {t["metadata"]["labels"]["app.kubernetes.io/name"]: t for t in templates}
+
+
+def test_ray_token_authentication_is_on(rendered):
+    for overlay in OVERLAYS:
+        cluster = one(rendered[overlay], "RayService")["spec"]["rayClusterConfig"]
+        assert cluster["authOptions"] == {"mode": "token"}, overlay
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_runs_as_non_root_without_privileges(rendered, overlay):
+    templates = pod_templates(rendered[overlay])
+    assert set(templates) == {"fairgate-head", "fairgate-worker", "fairgate-redis"}
+    for name, template in templates.items():
+        pod = template["spec"]
+        security = pod["securityContext"]
+        assert security["runAsNonRoot"] is True and security["runAsUser"] > 0, name
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert pod["automountServiceAccountToken"] is False, name
+        for container in pod["containers"]:
+            c = container["securityContext"]
+            assert c["allowPrivilegeEscalation"] is False and c["capabilities"]["drop"] == ["ALL"], name
+            assert c["runAsNonRoot"] is True, name
+    assert templates["fairgate-redis"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_mounted_secrets_are_readable_by_the_containers_user_and_no_one_else(rendered, overlay):
+    for name, template in pod_templates(rendered[overlay]).items():
+        pod = template["spec"]
+        security = pod["securityContext"]
+        for volume in pod.get("volumes", []):
+            if "secret" not in volume:
+                continue
+            mode = volume["secret"]["defaultMode"]
+            # files are root-owned with the pod's fsGroup as group: readable when the group may read
+            assert mode & 0o040 and not mode & 0o007, (name, volume["name"], oct(mode))
+            assert security["fsGroup"] == security["runAsGroup"], name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_worker_pods_hold_no_tenant_key_admin_key_or_redis_password(rendered, overlay):
+    worker = pod_templates(rendered[overlay])["fairgate-worker"]["spec"]
+    assert not [v for v in worker.get("volumes", []) if "secret" in v]
+    text = yaml.safe_dump(worker)
+    for needle in ("fairgate-tenants", "fairgate-secrets", "fairgate-redis", "ADMIN", "REDIS", "secretKeyRef"):
+        assert needle not in text, needle
+    head = pod_templates(rendered[overlay])["fairgate-head"]["spec"]
+    env = {e["name"]: e for e in head["containers"][0]["env"]}
+    assert env["FAIRGATE_DISPATCHER_RESOURCE"]["value"] == "fairgate-dispatcher"  # the dispatcher runs here
+    cluster = one(rendered[overlay], "RayService")["spec"]["rayClusterConfig"]
+    assert "fairgate-dispatcher" in cluster["headGroupSpec"]["rayStartParams"]["resources"]
+    assert "fairgate-dispatcher" not in str(cluster["workerGroupSpecs"][0]["rayStartParams"])
+
+
+def test_redis_asks_for_the_password_of_its_secret_and_the_head_has_it(rendered):
+    docs = rendered["cpu-sim"]
+    redis = one(docs, "StatefulSet", "fairgate-redis")["spec"]["template"]["spec"]["containers"][0]
+    assert "--requirepass" in " ".join(redis["command"])
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis["env"]}
+    assert refs["REDIS_PASSWORD"] == {"name": "fairgate-redis", "key": "password"}
+    assert refs["REDISCLI_AUTH"] == refs["REDIS_PASSWORD"]  # the readiness probe authenticates
+    secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
+    password = (secrets_dir / "redis-password").read_text()
+    assert len(password) >= 32 and f":{password}@fairgate-redis:6379" in (secrets_dir / "redis-url").read_text()
+    assert set(one(docs, "Secret", "fairgate-redis")["data"]) == {"password", "url"}
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions with In) selects ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In"
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def _allowed(policies: list[dict], pod: dict, port: int, peer: dict | None) -> bool:
+    """Whether the NetworkPolicies let ``peer`` (pod labels, plus "namespace" labels; None: outside the
+    cluster) connect to ``port`` of ``pod`` (labels)."""
+    for policy in policies:
+        spec = policy["spec"]
+        if not _selects(spec["podSelector"], pod):
+            continue
+        for rule in spec.get("ingress", []):
+            if rule.get("ports") and port not in {p["port"] for p in rule["ports"]}:
+                continue
+            sources = rule.get("from")
+            if not sources:
+                return True
+            for source in sources:
+                if peer is None:
+                    continue
+                if "namespaceSelector" not in source and peer.get("namespace") != "fairgate":
+                    continue
+                if "namespaceSelector" in source and not _selects(source["namespaceSelector"], peer["ns_labels"]):
+                    continue
+                if _selects(source.get("podSelector", {}), peer["labels"]):
+                    return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_open_only_the_intended_doors(rendered, overlay):
+    docs = rendered[overlay]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = {name: t["metadata"]["labels"] for name, t in pod_templates(docs).items()}  # as rendered
+    head, worker, redis = (labels[n] for n in ("fairgate-head", "fairgate-worker", "fairgate-redis"))
+    deny = one(docs, "NetworkPolicy", "fairgate-default-deny")["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+
+    def peer(labels: dict, namespace: str = "fairgate") -> dict:
+        return {"labels": labels, "namespace": namespace, "ns_labels": {"kubernetes.io/metadata.name": namespace}}
+
+    stranger = peer({"app": "someone-else"}, "default")
+    neighbour = peer({"app": "someone-else"})  # another pod in fairgate's own namespace
+    operator = peer({"app.kubernetes.io/name": "kuberay-operator"}, "kuberay")
+    impostor = peer({"app.kubernetes.io/name": "fairgate-worker"}, "default")  # same labels, other namespace
+    service = one(docs, "Service", "fairgate")
+    assert _selects({"matchLabels": service["spec"]["selector"]}, head)
+    http = service["spec"]["ports"][0]["targetPort"]
+    assert _allowed(policies, head, http, None) and _allowed(policies, head, http, stranger)  # the public door
+    for port in (6379, 8265, 10001, 52365, 9999):  # GCS, dashboard, client, agent, a dispatcher/worker port
+        assert not _allowed(policies, head, port, stranger), port
+        assert not _allowed(policies, head, port, neighbour), port
+        assert not _allowed(policies, worker, port, stranger), port
+        assert _allowed(policies, head, port, peer(worker)) and _allowed(policies, worker, port, peer(head)), port
+    assert _allowed(policies, head, 8265, operator) and not _allowed(policies, head, 6379, operator)
+    assert _allowed(policies, redis, 6379, peer(head))
+    for who in (peer(worker), neighbour, stranger, operator, impostor):
+        assert not _allowed(policies, redis, 6379, who)
+    assert not _allowed(policies, head, 6379, impostor) and not _allowed(policies, worker, 9999, impostor)
+
+
+def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
+    secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
+    monkeypatch.setenv("FAIRGATE_ADMIN_KEY", (secrets_dir / "admin-key").read_text().strip())
+    for overlay in OVERLAYS:
+        raw = yaml.safe_load(one(rendered[overlay], "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
+        raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
+        scheduler = parse_config(raw, overlay)[0].scheduler
+        assert scheduler["max_queued_per_tenant"] and scheduler["max_queued"] and scheduler["max_queue_s"], overlay

@@ -5,6 +5,7 @@ for the module (starting one takes ~30 s here)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 
 import pytest
@@ -196,3 +197,28 @@ def test_measured_profile_drives_the_simulator_within_15_percent(engine):
     simulated = simulate(workload, config).report["output_tokens"] / workload.duration_s
     print(f"output tokens/s: vLLM {real:.0f}, simulator fitted to the measured profile {simulated:.0f}")
     assert abs(simulated - real) <= 0.15 * real, (simulated, real, step_model)
+
+
+def test_a_caller_leaving_after_the_prefill_began_leaves_the_prompt_charged(engine):
+    """The client left after the engine scheduled its request but before any output token reached the
+    worker (e.g. right after the first SSE chunk, which carries only the role): the runner still
+    reports it started with its prompt, so the dispatcher does not refund a prefill the GPU did."""
+    engine.reports.clear()
+    prompt = "hello world " * 300
+
+    async def leave_once_scheduled():
+        gen = engine.runner.generate("gone", GenerationParams(prompt, max_tokens=50, ignore_eos=True))
+        first = asyncio.ensure_future(anext(gen))
+        while not engine.runner.scheduled_prompt_tokens("gone") and not first.done():
+            await asyncio.sleep(0.001)
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await first
+        await gen.aclose()
+
+    engine.run(leave_once_scheduled())
+    engine.run(engine.settle())
+    started = {rid: n for r in engine.reports for rid, n in r.started.items()}
+    finished = [f for r in engine.reports for f in r.finished if f.id == "gone"]
+    assert started.get("gone", 0) > 500  # the prompt's exact tokens
+    assert [f.reason for f in finished] == ["abort"]

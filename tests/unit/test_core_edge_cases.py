@@ -116,3 +116,20 @@ def test_a_fitted_profile_with_a_negative_charge_is_refused():
 
 def test_the_papers_fit_is_accepted():
     assert ProfiledCost().total(100, 10) > 0
+
+
+def test_a_predicted_reservation_holds_what_a_tenant_uses_not_what_it_asks_for():
+    s = make(reserve="predicted")
+    s.worker_join("w", kv_tokens=10_000)
+    s.submit("a1", "A", 8, 4000, 0.0)  # nothing known yet: the whole max_tokens
+    assert s.assign(0.0)[0].request.need == 4008
+    s.on_report("w", {"a1": 4}, started={"a1": 8})
+    s.on_finish("a1", 4, "stop", 1.0)
+    s.submit("a2", "A", 8, 4000, 1.0)  # A's requests stop after 4 tokens: 6 reserved (1.5x)
+    assert s.assign(1.0)[0].request.need == 8 + 6
+    s.submit("b1", "B", 8, 4000, 1.0)  # B has no history: the mean of everyone's
+    assert s.assign(1.0)[0].request.need == 8 + 6
+    assert s.submit("huge", "A", 8, 20_000, 2.0) == "too_large"  # too large is judged by the full size
+    restored = FairScheduler.from_snapshot(json.loads(json.dumps(s.snapshot())))
+    restored.submit("a3", "A", 8, 4000, 3.0)
+    assert restored.next_in_line().need == 14

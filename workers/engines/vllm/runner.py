@@ -141,9 +141,22 @@ class VllmRunner:
                     return
         finally:
             if not finished:  # the caller left (or the engine failed): stop generating now
+                if not prompt_tokens:  # prefilled, though no output reached us: the prompt stays charged
+                    scheduled = self.scheduled_prompt_tokens(request_id)
+                    if scheduled:
+                        self._pending.started[request_id] = scheduled
                 if self.llm is not None:
                     await self.llm.abort(request_id)
                 self._finish(request_id, generated, "abort")
+
+    def scheduled_prompt_tokens(self, request_id: str) -> int:
+        """The prompt's tokens once vLLM's scheduler has taken the request (its prefill is under way or
+        done), else 0. A caller that leaves between the prefill and the first output must not get the
+        prompt back: the GPU did that work."""
+        processor = getattr(self.llm, "output_processor", None)
+        state = getattr(processor, "request_states", {}).get(request_id)
+        stats = getattr(state, "stats", None)
+        return int(state.prompt_len) if stats is not None and stats.scheduled_ts else 0
 
     # ------------------------------------------------------------------ per-step reports
 

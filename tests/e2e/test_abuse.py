@@ -1,0 +1,75 @@
+"""A hostile tenant against the running gateway (simulated workers), over real HTTP: malformed values
+of every field kind get a clear 4xx (never a 5xx, never an internal address or exception text); a
+burst of them and of abandoned requests leaves the dispatcher holding nothing for that tenant, the
+other tenants' requests are placed at once, and a stream already running is never broken by it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+import pytest
+
+from .abuse import INTERNALS, abandon, send_malformed
+from .gateway_helpers import Gateway, deploy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gw(serve_port) -> Gateway:
+    gateway = deploy("abuse", serve_port, workers=2, kv_tokens=2000, step_s=0.01, tenants=("alice", "bob", "mallory"))
+    yield gateway
+    gateway.delete()
+
+
+def holds_nothing(gw: Gateway, tenant: str, within_s: float = 15.0) -> dict:
+    """The dispatcher's view once ``tenant``'s abandoned requests are settled (well before a ticket's
+    30 s expiry would free them): nothing queued, assigned or reserved for it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        stats = gw.stats()
+        row = stats["tenants"][tenant]
+        if (row["in_flight"], row["queued"]) == (0, 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_a_hostile_burst_gets_4xx_holds_nothing_and_breaks_no_other_stream(gw):
+    model = gw.config.model
+    alice = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys["alice"], max_retries=0, timeout=120)
+    bob = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys["bob"], max_retries=0, timeout=120)
+
+    async def long_stream() -> tuple[int, str | None]:
+        stream = await alice.completions.create(
+            model=model, prompt="word " * 10, max_tokens=800, stream=True, extra_body={"ignore_eos": True}
+        )
+        pieces, finish = 0, None
+        async for chunk in stream:
+            pieces += bool(chunk.choices and chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason if chunk.choices else finish
+        return pieces, finish
+
+    async def scenario():
+        running = asyncio.create_task(long_stream())  # 800 steps of 10 ms: it outlives the burst
+        while gw.stats()["tenants"]["alice"]["in_flight"] == 0:
+            await asyncio.sleep(0.02)
+        answers = await send_malformed(gw.base_url, gw.keys["mallory"], model)
+        await abandon(gw.base_url, gw.keys["mallory"], model)
+        answers += await send_malformed(gw.base_url, gw.keys["mallory"], model)
+        after = await asyncio.to_thread(holds_nothing, gw, "mallory")
+        placed = await bob.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"ignore_eos": True})
+        return answers, after, placed, await running
+
+    answers, after, placed, (pieces, finish) = asyncio.run(scenario())
+    for what, status, text in answers:
+        assert 400 <= status < 500, (what, status, text[:300])
+        assert '"error"' in text and not INTERNALS.search(text), (what, text[:300])
+    mallory = after["tenants"]["mallory"]
+    assert (mallory["in_flight"], mallory["queued"]) == (0, 0), mallory
+    assert after["pending_submits"] <= 1  # alice's stream at most; nothing of mallory's
+    assert placed.usage.completion_tokens == 4
+    assert finish == "length" and pieces > 100  # never cut short by mallory's failures
+    stats = gw.stats()
+    assert stats["tenants"]["mallory"]["rejected"] == 0  # refused at the door: the dispatcher never saw them
