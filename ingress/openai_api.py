@@ -36,7 +36,7 @@ class ApiError(Exception):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
@@ -49,7 +49,7 @@ class _Sampling(BaseModel):
     Numbers are refused outside what the engine takes (NaN and infinities included), so that nothing
     admitted can fail on its way to the worker."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)  # "yes" is not true, "5" not 5
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stream: bool = False
@@ -97,13 +97,13 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 

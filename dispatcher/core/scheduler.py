@@ -35,7 +35,6 @@ from dispatcher.core.reasons import (
 from dispatcher.core.waiting import WaitingSet
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
-
 RESERVES = ("full", "predicted")
 RESERVE_HEADROOM = 1.5  # a predicted reserve covers half as much again as the recent mean
 

@@ -59,7 +59,8 @@ def _reservation(args: argparse.Namespace) -> int:
     for r in rows:
         rate, share = r["service_per_s"], r["share"]
         print(
-            f"{r['reserve']:>10}  {r['throughput_tokens_per_s']:>9.0f}  {rate['honest']:>9.0f}  {rate['greedy']:>9.0f}  "
+            f"{r['reserve']:>10}  {r['throughput_tokens_per_s']:>9.0f}  "
+            f"{rate['honest']:>9.0f}  {rate['greedy']:>9.0f}  "
             f"{share['honest']:>7.1%}  {share['greedy']:>7.1%}  {r['max_backlogged_gap']:,.0f} / {r['bound_2u']:,.0f}"
             f"{'' if r['bound_held'] else '  (over the bound)'}"
         )

@@ -5,6 +5,7 @@ they keep guarding whatever the ingress does inside."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 
@@ -17,7 +18,10 @@ def malformed_bodies(model: str) -> list[tuple[str, str, bytes]]:
     """(what, path, raw body) of requests that must each get a 4xx."""
 
     def body(path: str, **fields) -> tuple[str, bytes]:
-        base = {"model": model, "prompt": "hi"} if path == "/completions" else {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        if path == "/completions":
+            base = {"model": model, "prompt": "hi"}
+        else:
+            base = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
         return path, json.dumps({**base, **fields}).encode()
 
     def raw(path: str, text: str) -> tuple[str, bytes]:
@@ -104,9 +108,7 @@ async def abandon(base_url: str, key: str, model: str, streams: int = 12, calls:
     async with httpx.AsyncClient(timeout=httpx.Timeout(0.05), headers=headers) as hasty:
 
         async def one_call() -> None:
-            try:
+            with contextlib.suppress(httpx.TimeoutException):
                 await hasty.post(base_url + "/completions", json=body)
-            except httpx.TimeoutException:
-                pass
 
         await asyncio.gather(*(one_call() for _ in range(calls)))
