@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # the whole name (fullmatch: "$" lets "\n" end it)
 
 
 class TenantError(ValueError):
@@ -51,7 +51,7 @@ class TenantRegistry:
         return [r.to_dict() for r in self._by_name.values()]
 
     def create(self, name: str, key_hash: str, weight: float) -> TenantRecord:
-        if not _NAME.match(name or ""):
+        if not _NAME.fullmatch(name or ""):
             raise TenantError(400, "tenant names are 1-64 letters, digits, '_', '.', '-', starting alphanumeric")
         _check_weight(weight)
         if name in self._by_name:

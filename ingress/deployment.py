@@ -26,7 +26,7 @@ from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_api import tenant_change
-from ingress.auth import KeyCache, bearer_key, is_admin_key
+from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_text
 from ingress.openai_api import ApiError, ChatRequest, CompletionRequest, parse_body, parse_json
@@ -100,6 +100,7 @@ class Ingress:
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
         self._prompting = Prompting(gateway)
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
+        self._lookups = LookupBudget()
         self._admin_key_hash = gateway.get("admin_key_hash", "")
         self._dispatcher = get_or_create_dispatcher(app_name, gateway, secret)
         self._channels = WorkerChannels()
@@ -132,10 +133,14 @@ class Ingress:
     # ------------------------------------------------------------------ observability
 
     @app.get("/metrics")
-    async def metrics(self) -> Response:
-        """Prometheus exposition of the dispatcher's figures (per-tenant series capped at top_tenants)."""
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus exposition of the dispatcher's figures. Per-tenant series (capped at top_tenants)
+        only for a scrape with the admin key: tenants' names and usage are nobody else's business; an
+        anonymous scrape gets every figure summed over tenants (``tenant="other"``)."""
+        key = request.headers.get("authorization", "").partition(" ")[2].strip()
+        top = self._top_tenants if key and is_admin_key(key, self._admin_key_hash) else 0
         snapshot = await self._telemetry()
-        return Response(render_prometheus(snapshot, self._top_tenants), media_type=CONTENT_TYPE)
+        return Response(render_prometheus(snapshot, top), media_type=CONTENT_TYPE)
 
     @app.get("/dashboard")
     async def dashboard(self) -> HTMLResponse:
@@ -338,6 +343,8 @@ class Ingress:
         key_hash = hash_key(key)
         found, tenant = self._keys.get(key_hash)
         if not found:
+            if not self._lookups.take():  # a flood of unknown keys: refused here, the dispatcher spared
+                return None
             tenant = await self._ask_dispatcher("lookup_key", (key_hash,))
             self._keys.put(key_hash, tenant)
         return tenant

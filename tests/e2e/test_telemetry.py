@@ -91,8 +91,9 @@ def test_one_request_is_one_trace_from_the_ingress_into_the_worker(gw):
     assert worker["fairgate.request_id"] == rid and worker["fairgate.completion_tokens"] == 6
 
 
-def scrape(gw: Gateway) -> dict[tuple[str, str], float]:
-    text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", timeout=30).text
+def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
+    headers = {"Authorization": f"Bearer {gw.admin_key}"} if admin else {}
+    text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", headers=headers, timeout=30).text
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -139,6 +140,10 @@ def test_metrics_during_an_overload_match_the_dispatchers_exact_figures(gw):
     for t in ("alice", "bob"):
         assert settled[("fairgate_tenant_service_total", t)] == pytest.approx(exact["tenants"][t]["service"])
         assert settled[("fairgate_tenant_output_tokens_total", t)] == exact["tenants"][t]["output_tokens"]
+    anonymous = scrape(gw, admin=False)  # no tenant's name or usage without the admin key: only the sum
+    assert {tenant for (_, tenant) in anonymous if tenant} <= {"other"} | {w["id"] for w in exact["workers"]}
+    total = sum(exact["tenants"][t]["service"] for t in exact["tenants"])
+    assert anonymous[("fairgate_tenant_service_total", "other")] == pytest.approx(total)
     # top_tenants: 2, so carol (least served) is folded into "other"
     assert ("fairgate_tenant_service_total", "carol") not in settled
     assert settled[("fairgate_tenant_service_total", "other")] == pytest.approx(exact["tenants"]["carol"]["service"])

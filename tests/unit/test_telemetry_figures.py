@@ -163,3 +163,18 @@ def test_telemetry_section_defaults_and_refusals(monkeypatch):
     for bad in ({"traces": "all"}, {"top_tenants": 0}, {"trace_sample_ratio": 2}, {"exporter": "x"}):
         with pytest.raises(ConfigError, match="telemetry"):
             parse_config({**BASE, "telemetry": bad})
+
+
+def test_the_history_keeps_a_bounded_number_of_tenants_by_name():
+    history = ServiceHistory(keep=3, tenants=5)
+    rows = {
+        f"t{i}": {"service": float(i), "counter": 0.0, "queued": 0, "weight": 1.0, "output_tokens": 0}
+        for i in range(1000)
+    }
+    rows["t3"]["queued"] = 2  # waiting: kept by name although little served
+    for now in (0.0, 1.0, 2.0):
+        history.add(now, rows)
+    sample = history.samples[-1][1]
+    assert set(sample) == {"t999", "t998", "t997", "t996", "t995", "t3", "other"}
+    assert sample["other"]["service"] == sum(range(1000)) - sum((999, 998, 997, 996, 995, 3))
+    assert "other" not in history.rates(10.0)
