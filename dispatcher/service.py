@@ -251,6 +251,15 @@ class DispatcherService:
                 link.released = True
                 link.outbox.put_nowait(pb.DispatcherMessage(released=pb.Released()))
 
+    def _forget_orphan(self, request_id: str) -> None:
+        """A request put back in its queue turned out to run on its worker after all (adopted): no
+        caller will ask for it again."""
+        future = self._orphans.pop(request_id, None)
+        if future is not None:
+            if self._pending.get(request_id) is future:
+                del self._pending[request_id]
+            future.cancel()
+
     def _expire_unstarted(self, request_id: str) -> None:
         """An assignment whose ticket expired before its worker started it frees its reservation."""
         self._orphans.pop(request_id, None)
@@ -268,14 +277,25 @@ class DispatcherService:
             h = msg.hello
             s.worker_join(h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens))
             for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
-                s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens)
+                if s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens):
+                    self._forget_orphan(r.request_id)
+                else:  # still tracked (its old stream's end not seen yet): reports may have been lost
+                    known = s.in_flight().get(r.request_id)
+                    if known is not None and known.worker == h.worker_id and r.output_tokens > known.output_tokens:
+                        s.on_report(h.worker_id, {r.request_id: r.output_tokens - known.output_tokens})
+            now = self._clock()
+            for r in h.ended:  # ended while the stream was down: settled here, exactly once
+                args = (r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, now)
+                if s.settle_ended(h.worker_id, *args):
+                    self._forget_orphan(r.request_id)
             return h.worker_id
         if kind == "report":
             r = msg.report
             in_flight = s.in_flight()
-            for st in r.started:  # assigned by a dispatcher before a restart: adopt it
-                if st.request_id not in in_flight and st.tenant:
-                    s.adopt(worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0)
+            for st in r.started:  # assigned before a restart or a broken stream: adopt it
+                adopted = st.request_id not in in_flight and st.tenant
+                if adopted and s.adopt(worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0):
+                    self._forget_orphan(st.request_id)
             now = self._clock()
             if self._observe:
                 for t in r.new_tokens:

@@ -28,6 +28,8 @@ from workers.engines.interface import EngineRunner, GenerationParams, StepReport
 log = logging.getLogger(__name__)
 
 GENERATED_KEPT = 50_000
+ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher forgets lost requests at 120 s)
+ENDED_KEPT = 20_000
 
 
 @dataclass
@@ -38,6 +40,7 @@ class _Running:
     prompt_tokens: int
     max_tokens: int
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
+    started: bool = False  # the engine started it (reported so)
 
 
 class Worker:
@@ -64,6 +67,9 @@ class Worker:
         self._reconnect_s = reconnect_s
         self._max_reconnect_s = max_reconnect_s
         self._running: dict[str, _Running] = {}
+        # what ended here lately, with its final counts: a hello re-announces it (its last reports may
+        # have been lost with a broken stream); request id -> (tenant, prompt, max_tokens, output, when)
+        self._ended: OrderedDict[str, tuple[str, int, int, int, float]] = OrderedDict()
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
@@ -120,10 +126,20 @@ class Worker:
         for rid, n in report.started.items():
             if rid in running:
                 running[rid].prompt_tokens = n
+                running[rid].started = True
         for rid, k in report.new_tokens.items():
             if rid in running:
                 running[rid].reported += k
         self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
+
+    def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
+        """Keep what a request that ran here ended with, for the hellos of the next minutes."""
+        if not (r.started or output_tokens):
+            return  # never reached the engine: nothing to settle but a refund, which its finish makes
+        now, ended = time.monotonic(), self._ended
+        ended[request_id] = (r.tenant, r.prompt_tokens, r.max_tokens, output_tokens, now)
+        while ended and (len(ended) > ENDED_KEPT or next(iter(ended.values()))[4] < now - ENDED_KEPT_S):
+            ended.popitem(last=False)
 
     def release(self, request_id: str) -> None:
         """The dispatcher aborted the request: stop generating for it (its stream ends with 'abort')."""
@@ -189,6 +205,12 @@ class Worker:
             )
             for rid, s in self._running.items()
         ]
+        ended = [
+            pb.RunningRequest(
+                request_id=rid, tenant=tenant, prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens
+            )
+            for rid, (tenant, prompt, max_tokens, output, _) in self._ended.items()
+        ]
         return pb.Hello(
             worker_id=self.worker_id,
             address=self.address,
@@ -196,6 +218,7 @@ class Worker:
             max_running=self.runner.max_running or 0,
             free_tokens=self.runner.free_tokens(),
             running=running,
+            ended=ended,
         )
 
     def _on_dispatcher_message(self, msg: pb.DispatcherMessage) -> None:
@@ -285,7 +308,9 @@ class _WorkerServicer(rpc.WorkerServicer):
             await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on the request")
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]  # aborts the request if it still runs
-            w._running.pop(t.request_id, None)
+            ended = w._running.pop(t.request_id, None)
+            if ended is not None:
+                w._remember_ended(t.request_id, ended, completion_tokens)
             span.set_attribute("fairgate.completion_tokens", completion_tokens)
             span.end()
 

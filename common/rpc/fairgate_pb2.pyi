@@ -17,20 +17,22 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[StepReport, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running")
+    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running", "ended")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
     FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     kv_tokens: int
     max_running: int
     free_tokens: int
     running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ...) -> None: ...
+    ended: _containers.RepeatedCompositeFieldContainer[RunningRequest]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
     __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens")

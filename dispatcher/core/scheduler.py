@@ -422,6 +422,38 @@ class FairScheduler:
         self._in_flight[request_id] = req
         return True
 
+    def settle_ended(
+        self,
+        worker_id: str,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        output_tokens: int,
+        now: float,
+    ) -> bool:
+        """A worker says a request ended on it with ``output_tokens``, in a hello after its stream
+        broke or this dispatcher restarted. Settle it exactly once: a request this scheduler lost
+        with the worker (or put back in its queue, or placed again elsewhere without starting) is
+        adopted and finished; one it still tracks there is brought to its final count and finished;
+        one already finished is left alone. True when it was settled here."""
+        req = self._in_flight.get(request_id)
+        if req is not None and req.worker == worker_id:
+            if output_tokens > req.output_tokens:
+                self.on_report(worker_id, {request_id: output_tokens - req.output_tokens})
+            self.on_finish(request_id, output_tokens, "stop", now)
+            return True
+        if req is None and request_id not in self._settled and request_id not in self._queued_ids:
+            return False  # finished here before: nothing to do
+        if req is not None:
+            if req.started:
+                return False  # it runs elsewhere: that worker reports it
+            self.on_finish(request_id, 0, "abort", now)  # a copy placed elsewhere that never started
+        if not self.adopt(worker_id, request_id, tenant, prompt_tokens, max_tokens, output_tokens):
+            return False
+        self.on_finish(request_id, output_tokens, "stop", now)
+        return True
+
     # ------------------------------------------------------------------ views
 
     def is_backlogged(self, tenant: str) -> bool:

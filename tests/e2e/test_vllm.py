@@ -127,3 +127,30 @@ def test_fcfs_in_front_of_vllm_does_not_equalise(runs):
 
 def test_light_tenant_is_served_sooner_under_vtc(runs):
     assert statistics.mean(runs["vtc"][1]) < statistics.mean(runs["fcfs"][1])
+
+
+def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):
+    """The abuse suite's burst (tests/e2e/abuse.py) against vLLM workers: every malformed body a clear
+    4xx with no internals, abandoned requests leave the dispatcher holding nothing for the tenant, and
+    another tenant's request is served right after. Last in the module: carol's counter is charged for
+    the prompts vLLM began to prefill."""
+    from .abuse import INTERNALS, abandon, send_malformed
+    from .test_abuse import holds_nothing
+
+    gw = vtc_gateway
+
+    async def burst():
+        answers = await send_malformed(gw.base_url, gw.keys["carol"], "tiny")
+        await abandon(gw.base_url, gw.keys["carol"], "tiny", streams=6, calls=4)
+        return answers
+
+    answers = asyncio.run(burst())
+    for what, status, text in answers:
+        assert 400 <= status < 500, (what, status, text[:300])
+        assert '"error"' in text and not INTERNALS.search(text), (what, text[:300])
+    after = holds_nothing(gw, "carol")
+    assert (after["tenants"]["carol"]["in_flight"], after["tenants"]["carol"]["queued"]) == (0, 0)
+    r = client(gw, "alice").completions.create(
+        model="tiny", prompt="hello", max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert r.usage.completion_tokens == 4

@@ -399,3 +399,59 @@ def test_one_request_failing_on_a_worker_never_ends_another_stream_on_the_same_c
         await shutdown(service, workers)
 
     asyncio.run(scenario())
+
+
+def test_a_worker_whose_stream_is_cut_while_it_lives_runs_nothing_twice_and_counts_capacity_once():
+    """The worker's stream to the dispatcher breaks (as a network cut would) while the worker and its
+    requests live on: requests assigned before the cut still run there, once, and are adopted when the
+    worker re-attaches; its capacity is counted once; every charge is exact."""
+
+    async def scenario():
+        service, workers = await cluster(n_workers=1, kv_tokens=2000)
+        worker = workers[0]
+        prompt, max_tokens = "one two three", 30
+        n_prompt = count_tokens(prompt)
+        stop, done = asyncio.Event(), []
+
+        async def client(tenant: str, i: int) -> None:
+            n = 0
+            while not stop.is_set():
+                rid = f"{tenant}-{i}-{n}"
+                n += 1
+                placement = await service.submit(rid, tenant, n_prompt, max_tokens)
+                chunks = await generate(placement, prompt, max_tokens)
+                done.append((tenant, rid, chunks[-1].completion_tokens, chunks[-1].finish_reason))
+
+        tasks = [asyncio.create_task(client(t, i)) for t in ("alice", "bob") for i in range(4)]
+        await asyncio.sleep(0.5)
+        old = service._links["w0"]
+        old.outbox.put_nowait(None)  # the dispatcher's side of the stream ends
+        while service._links.get("w0") in (None, old):
+            await asyncio.sleep(0.005)
+        checks = 0
+        for _ in range(50):  # while it serves again: what is committed on it is what runs there, once
+            await asyncio.sleep(0.01)
+            slot = service.scheduler.workers.get("w0")
+            mine = [r for r in service.scheduler.in_flight().values() if r.worker == "w0"]
+            assert slot is not None and slot.committed == sum(r.need for r in mine) <= slot.kv_tokens
+            checks += 1
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.gather(*tasks)
+        for _ in range(200):
+            if not service.scheduler.in_flight() and not service._pending:
+                break
+            await asyncio.sleep(0.01)
+        assert checks == 50 and len(done) > 16
+        assert all(tokens == 30 and reason == "length" for _, _, tokens, reason in done)
+        assert all(worker.generated[rid] == 1 for _, rid, _, _ in done)  # none ran twice
+        s = service.scheduler
+        assert not s.in_flight() and s.queue_depth() == 0 and not service._pending and not service._orphans
+        assert s.workers["w0"].committed == 0 and s.workers["w0"].pending_count == 0
+        for tenant in ("alice", "bob"):  # charged exactly once for each request, across the cut (a request
+            # that ended while the stream was down is settled from the worker's hello)
+            served = sum(1 for t, *_ in done if t == tenant)
+            assert s.tenants[tenant].service == pytest.approx(served * (n_prompt + 2 * max_tokens))
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())

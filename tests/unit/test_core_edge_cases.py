@@ -133,3 +133,28 @@ def test_a_predicted_reservation_holds_what_a_tenant_uses_not_what_it_asks_for()
     restored = FairScheduler.from_snapshot(json.loads(json.dumps(s.snapshot())))
     restored.submit("a3", "A", 8, 4000, 3.0)
     assert restored.next_in_line().need == 14
+
+
+def test_requests_that_ended_while_a_workers_stream_was_down_are_settled_once():
+    s = make()
+    s.worker_join("w", kv_tokens=1000)
+    for rid in ("lost", "requeued", "known", "done"):
+        s.submit(rid, "A", 10, 20, 0.0)
+    s.assign(0.0)
+    s.on_report("w", {"lost": 5, "done": 20}, started={"lost": 10, "done": 10, "known": 10})
+    s.on_finish("done", 20, "length", 1.0)
+    served = s.tenants["A"].service
+    left = s.worker_leave("w")  # the stream broke: "requeued" had not started, "lost" and "known" had
+    assert left.requeued == ["requeued"] and sorted(left.lost) == ["known", "lost"]
+    s.worker_join("w", kv_tokens=1000)
+    assert s.adopt("w", "known", "A", 10, 20, 7)  # still running: re-announced
+    # its hello lists what ended meanwhile, with the final counts
+    assert s.settle_ended("w", "lost", "A", 10, 20, 20, 2.0)  # 15 more tokens than the dispatcher saw
+    assert s.settle_ended("w", "requeued", "A", 10, 20, 20, 2.0)  # it had started after all
+    assert not s.settle_ended("w", "done", "A", 10, 20, 20, 2.0)  # finished before: nothing twice
+    assert s.settle_ended("w", "known", "A", 10, 20, 9, 2.0)
+    assert not s.settle_ended("w", "known", "A", 10, 20, 9, 3.0)  # a second hello changes nothing
+    assert not s.in_flight() and s.queue_depth() == 0 and s.workers["w"].committed == 0
+    # what each request consumed, once: "requeued"'s dispatch charge went back at the leave, and came
+    # again with its 20 tokens; "lost" 15 tokens more; "known" 9 tokens
+    assert s.tenants["A"].service == pytest.approx((served - 10) + 2 * 15 + (10 + 2 * 20) + 2 * 9)
