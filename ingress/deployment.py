@@ -7,6 +7,7 @@ disconnects while streaming aborts it at the worker.
 """
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -237,7 +238,8 @@ class Ingress:
         text = self._generate(tenant, key_hash, placement, grpc_request, req.stop_strings(), outcome, trace)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream:
-            events = sse_events(rid, chat, self._model, text, outcome, include_usage, trace)
+            release = functools.partial(self._release_unstarted, rid, outcome)
+            events = sse_events(rid, chat, self._model, text, outcome, include_usage, trace, release)
             return StreamingResponse(events, media_type="text/event-stream")
         error = ""
         try:
@@ -322,8 +324,14 @@ class Ingress:
                     rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True
                 )
         finally:
-            if not outcome.received:
-                self._dispatcher.release.remote(rid)  # not awaited: this may run while the client leaves
+            self._release_unstarted(rid, outcome)
+
+    def _release_unstarted(self, rid: str, outcome: Outcome) -> None:
+        """Free the reservation of a request given up before its worker sent anything (not awaited:
+        this may run while the client leaves; a second call finds nothing to free)."""
+        if not outcome.received and not outcome.released:
+            outcome.released = True
+            self._dispatcher.release.remote(rid)
 
     # ------------------------------------------------------------------ input
 

@@ -42,6 +42,7 @@ class Outcome:
     completion_tokens: int = 0
     finish_reason: str | None = None
     received: bool = False  # the worker sent something: the request must not run anywhere else
+    released: bool = False  # given up before anything arrived: its reservation was freed
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from common.tracing import RequestTrace
@@ -51,9 +51,11 @@ async def sse_events(
     outcome: Outcome,
     include_usage: bool,
     trace: RequestTrace,
+    on_close: Callable[[], None] | None = None,
 ) -> AsyncIterator[str]:
     """The stream a client reads: text deltas as chunks, the finish reason, usage when asked for, and
-    ``[DONE]``; a failure after the first byte becomes a final error event."""
+    ``[DONE]``; a failure after the first byte becomes a final error event. ``on_close`` runs however
+    the stream ends (closing ``text`` does nothing when the client left before it was first read)."""
     created = now_s()
     error = ""
     try:
@@ -85,6 +87,8 @@ async def sse_events(
         raise
     finally:
         await text.aclose()  # type: ignore[attr-defined]
+        if on_close is not None:
+            on_close()
         trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
     yield "data: [DONE]\n\n"
 

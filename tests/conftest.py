@@ -52,34 +52,60 @@ def serve_port():
     ray.shutdown()
 
 
+class RedisServer:
+    """A real redis-server on a free loopback port, that a test may kill and start again. ``persist``:
+    an append-only file in its folder, so that a restart finds what it held (as on Kubernetes)."""
+
+    def __init__(self, workdir: Path, persist: bool = False) -> None:
+        import shutil
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: run the tests with `bash scripts/test.sh` (it installs it)")
+        self.port = free_port()
+        self.args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)]
+        self.args += ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+        self.proc = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail(f"redis-server did not start on 127.0.0.1:{self.port}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, as a crashed pod."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     """A real Redis server for the session, on a free loopback port, persisting nothing to disk.
     ``scripts/test.sh`` installs Debian's redis-server when it is missing."""
-    import shutil
-    import subprocess
-    import time
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: run the tests with `bash scripts/test.sh` (it installs it)")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*args, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"redis-server did not start on 127.0.0.1:{port}")
-        time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()

@@ -61,6 +61,7 @@ def deploy(
     max_running: int | None = None,
     autoscaling: dict[str, Any] | None = None,
     telemetry: dict[str, Any] | None = None,
+    ingress_replicas: int = 1,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
@@ -87,7 +88,12 @@ def deploy(
                 "decode_per_ctx_token_s": 0.0,
             },
         },
-        "ingress": {"max_body_bytes": max_body_bytes, "max_model_len": max_model_len, "default_max_tokens": 16},
+        "ingress": {
+            "replicas": ingress_replicas,
+            "max_body_bytes": max_body_bytes,
+            "max_model_len": max_model_len,
+            "default_max_tokens": 16,
+        },
         "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
         "admin_api_key": admin_key,
     }

@@ -1,8 +1,10 @@
 """Chaos on real Ray, gRPC, HTTP and Redis while two tenants overload the gateway: the dispatcher actor's
-process is killed (Ray restarts it; counters come back from Redis), then a worker replica's process.
+process is killed (Ray restarts it; counters come back from Redis), then a worker replica's process,
+then Redis itself (killed and started again on its data), then one of the two ingress replicas.
 
 Every accepted request completes, or ends with a clear error when it was already streaming from the
-worker that died; none is dropped silently or generated twice.
+worker (or through the ingress replica) that died; none is dropped silently, generated twice or
+charged twice, and nothing stays reserved afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ray
 from ray import serve
 
 from dispatcher.actor import dispatcher_name
+from tests.conftest import RedisServer
 from tests.e2e.gateway_helpers import Gateway, clients, deploy
 
 pytestmark = pytest.mark.slow
@@ -87,6 +90,15 @@ def worker_infos(gw: Gateway) -> dict[str, dict]:
     return found
 
 
+def generated_counts(gw: Gateway) -> dict[str, int]:
+    """How many times each request id was generated, over every live worker replica."""
+    counts: dict[str, int] = {}
+    for info in worker_infos(gw).values():
+        for rid, n in info["generated"].items():
+            counts[rid] = counts.get(rid, 0) + n
+    return counts
+
+
 def sample_gaps(gw: Gateway, stop: asyncio.Event, gaps: list[tuple[float, float, str]]):
     """Every 0.2 s: the counter gap between alice and bob while both are backlogged."""
 
@@ -118,7 +130,15 @@ async def until_settled(gw: Gateway, timeout_s: float = 60.0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def chaos_gateway(serve_port, redis_url):
+def chaos_redis(tmp_path_factory):
+    """This module's own Redis (killed and started again by a test), persisting its data as on Kubernetes."""
+    server = RedisServer(tmp_path_factory.mktemp("chaos-redis"), persist=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def chaos_gateway(serve_port, chaos_redis):
     gw = deploy(
         "chaos",
         serve_port,
@@ -127,7 +147,8 @@ def chaos_gateway(serve_port, redis_url):
         step_s=0.02,  # slow enough that the pool, not this test's clients, is the bottleneck
         tenants=("alice", "bob"),
         max_running=MAX_RUNNING,
-        state={"redis_url": redis_url, "snapshot_interval_s": SNAPSHOT_S},
+        state={"redis_url": chaos_redis.url, "snapshot_interval_s": SNAPSHOT_S},
+        ingress_replicas=2,
     )
     yield gw
     gw.delete()
@@ -189,10 +210,7 @@ def test_killing_the_dispatcher_process_loses_nothing_and_counters_continue(chao
     assert not out.failed, out.failed[:5]
     assert all(tokens == MAX_TOKENS for _, _, tokens in out.completed)
     # never generated twice: every completed request ran exactly once on the (untouched) workers
-    generated: dict[str, int] = {}
-    for info in worker_infos(gw).values():
-        for rid, n in info["generated"].items():
-            generated[rid] = generated.get(rid, 0) + n
+    generated = generated_counts(gw)
     assert all(generated.get(rid) == 1 for _, rid, _ in out.completed)
     assert max(generated.values()) == 1
     # the counters continue from the snapshot: right after the restart they are where they were
@@ -245,6 +263,85 @@ def test_killing_a_worker_process_requeues_unstarted_requests_and_ends_streaming
     assert worst <= 2 * U
     assert end["queue_depth"] == end["in_flight"] == end["pending_submits"] == end["orphans"] == 0
     assert victim["id"] not in {w["id"] for w in end["workers"]}
+
+
+COST = 60 + 2 * MAX_TOKENS  # one request of the overload: 60 prompt tokens, 40 output (w_p 1, w_q 2)
+
+
+def test_killing_redis_under_load_loses_nothing_charges_once_and_state_resumes(chaos_gateway, chaos_redis):
+    import json
+
+    import redis
+
+    gw = chaos_gateway
+
+    async def scenario():
+        start = await until_settled(gw)
+        load = await Overload.start(gw, warmup_s=2.0)
+        chaos_redis.kill()  # the dispatcher serves on; its snapshots fail meanwhile
+        await asyncio.sleep(3.0)
+        without = await asyncio.to_thread(gw.stats)
+        chaos_redis.start()  # on its append-only file: what it held is back
+        await asyncio.sleep(3.0)
+        end = await load.end(gw)
+        await asyncio.sleep(3 * SNAPSHOT_S)  # a snapshot after the last request
+        return load.out, start, without, end
+
+    out, start, without, end = asyncio.run(scenario())
+    print(f"{len(out.completed)} completed with Redis down for 3 s of the run")
+    assert not out.failed, out.failed[:5]
+    assert all(tokens == MAX_TOKENS for _, _, tokens in out.completed)
+    finished = [sum(t["finished"] for t in stats["tenants"].values()) for stats in (start, without)]
+    assert finished[1] > finished[0]  # served on without Redis
+    generated = generated_counts(gw)
+    assert all(generated.get(rid) == 1 for _, rid, _ in out.completed)
+    for t in ("alice", "bob"):  # every request charged exactly once
+        completed = sum(1 for tenant, *_ in out.completed if tenant == t)
+        assert end["tenants"][t]["service"] - start["tenants"][t]["service"] == pytest.approx(completed * COST)
+    saved = json.loads(redis.Redis.from_url(chaos_redis.url).get(f"fairgate:{gw.name}:state"))
+    rows = {row["name"]: row for row in saved["tenants"]}  # the snapshots resumed once Redis was back
+    for t in ("alice", "bob"):
+        assert rows[t]["service"] == pytest.approx(end["tenants"][t]["service"])
+    assert end["queue_depth"] == end["in_flight"] == end["pending_submits"] == end["orphans"] == 0
+
+
+def _ingress_pids(app: str) -> list[int]:
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(f"ServeReplica:{app}:Ingress" in part for part in (p.info["cmdline"] or []))
+    ]
+
+
+def test_killing_an_ingress_replica_fails_only_its_own_requests_and_leaks_no_reservation(chaos_gateway):
+    gw = chaos_gateway
+    pids = _ingress_pids(gw.name)
+    assert len(pids) == 2, pids
+
+    async def scenario():
+        start = await until_settled(gw)
+        load = await Overload.start(gw, warmup_s=2.0)
+        os.kill(pids[0], signal.SIGKILL)
+        await asyncio.sleep(6.0)  # the other replica serves on; Serve starts a new one
+        await load.end(gw)
+        return load.out, start, await until_settled(gw, timeout_s=120.0)  # its tickets expire in 30 s
+
+    out, start, end = asyncio.run(scenario())
+    print(f"{len(out.completed)} completed, {len(out.failed)} failed with the killed ingress replica")
+    assert all(tokens == MAX_TOKENS for _, _, tokens in out.completed)
+    assert len(out.completed) > 4 * len(out.failed)  # the other replica's clients went on
+    assert len(out.failed) <= 24  # at most what was in flight through the dead replica (24 clients)
+    generated = generated_counts(gw)
+    assert all(generated.get(rid) == 1 for _, rid, _ in out.completed)
+    # what the dead replica had queued or assigned is freed: by the abort of its worker calls, or by the
+    # expiry of its tickets; nothing stays held
+    assert end["queue_depth"] == end["in_flight"] == end["pending_submits"] == end["orphans"] == 0
+    assert all(w["committed"] == 0 for w in end["workers"])
+    for t in ("alice", "bob"):  # charged for what was served, no more
+        completed = sum(1 for tenant, *_ in out.completed if tenant == t)
+        failed = sum(1 for tenant, *_ in out.failed if tenant == t)
+        charged = end["tenants"][t]["service"] - start["tenants"][t]["service"]
+        assert completed * COST - 1e-6 <= charged <= (completed + failed) * COST + 1e-6
 
 
 def test_tenants_changed_through_the_admin_api_survive_a_dispatcher_restart(chaos_gateway):
