@@ -74,7 +74,8 @@ KINDS = (
     ["submit"] * 6
     + ["assign"] * 4
     + ["step"] * 8
-    + ["cancel", "abort", "race", "requeue", "join", "drain", "leave", "bounce", "weight", "restart", "wait"]
+    + ["cancel", "abort", "race", "requeue", "resubmit", "join", "drain", "leave", "bounce", "weight", "restart"]
+    + ["wait"] * 2
 )
 events = st.lists(
     st.tuples(st.sampled_from(KINDS), st.integers(0, 1 << 16)).map(lambda e: (e[0], *arguments(*e))),
@@ -106,6 +107,7 @@ class Driver:
         self.n = 0
         self.where: dict[str, str] = {}  # request id -> queued | running (ended ones leave it)
         self.weights_seen: dict[str, set[float]] = {name: {w} for name, w in WEIGHTS.items()}
+        self.arrived: dict[str, float] = {}  # request id -> when its current submission arrived
         self.decisions: list[tuple[str, str]] = []
 
     def twin(self) -> Driver:
@@ -114,6 +116,7 @@ class Driver:
         other.s = FairScheduler.from_snapshot(json.loads(json.dumps(self.s.snapshot())))
         other.where, other.decisions = dict(self.where), []
         other.weights_seen = {name: set(seen) for name, seen in self.weights_seen.items()}
+        other.arrived = dict(self.arrived)
         return other
 
     # ------------------------------------------------------------------ events
@@ -131,6 +134,7 @@ class Driver:
             assert json.dumps(self.s.policy.snapshot(), sort_keys=True) == policy_before, "a refusal changed the policy"
         if reason is None:
             self.where[rid] = "queued"
+            self.arrived[rid] = self.now
         elif reason == REJECT_RATE_LIMITED:
             assert not self.s.policy.work_conserving, "a work-conserving policy refused a request"
 
@@ -273,14 +277,36 @@ class Driver:
                 del self.where[r.id]  # refused (its queue is full): its caller gets the error
             else:
                 self.where[r.id] = "queued"
+                self.arrived[r.id] = self.now
         for row in state["tenants"]:  # nobody was lifted: those who ask again never stopped waiting
             assert new.tenants[row["name"]].counter == pytest.approx(row["counter"], rel=1e-9, abs=1e-6)
         self.s = new
 
     def _wait(self, seconds: float) -> None:
+        """Time passes; requests queued longer than the limit since their submission arrived (one put
+        back in its queue counts from its arrival) expire, and only those."""
         self.now += seconds
+        limit = self.s.config.max_queue_s
         for rid in self.s.expire(self.now):
             assert self.where[rid] == "queued"
+            assert self.now - self.arrived[rid] >= limit - 1e-9, f"{rid} expired early"
+            del self.where[rid]
+        for rid, where in self.where.items():
+            assert where != "queued" or self.now - self.arrived[rid] < limit, f"{rid} waited past the limit"
+
+    def _resubmit(self, pick: int) -> None:
+        """A caller withdraws a waiting request and sends it again under the same id (a retry)."""
+        queued = sorted(rid for rid, w in self.where.items() if w == "queued")
+        if not queued:
+            return
+        rid = queued[pick % len(queued)]
+        s = self.s
+        r = next(r for t in s.tenants.values() for r in t.queue if r.id == rid)
+        assert s.cancel(rid)
+        reason = s.submit(rid, r.tenant, r.prompt_tokens, r.max_tokens, self.now, r.true_output, resumed=True)
+        if reason is None:
+            self.arrived[rid] = self.now
+        else:
             del self.where[rid]
 
     # ------------------------------------------------------------------ invariants
@@ -398,3 +424,28 @@ def test_snapshot_restore_mid_simulation_changes_nothing(policy, rows, cut):
     resumed.advance(float("inf"))
     assert resumed.scheduler.snapshot() == straight.scheduler.snapshot()
     assert resumed.summary().report == straight.summary().report
+
+
+# coefficients of a plausible fit: zero, or at least 1e-9 in size (a -1e-90 is refused too, but its charge
+# turns negative only past any length a model has)
+COEFFS = st.floats(-1.0, 1.0).filter(lambda v: v == 0 or abs(v) >= 1e-9) | st.sampled_from([0.0, 1e-9, -1e-9])
+
+
+@given(st.tuples(COEFFS, COEFFS, COEFFS, COEFFS, COEFFS))
+def test_a_cost_function_is_accepted_exactly_when_no_charge_can_be_negative(coeffs):
+    """Every charge the ledger makes from h (h(x, 0) at dispatch, h(x, k) - h(x, k-1) per output token)
+    is non-negative for an accepted h, over the whole domain; a refused h has a negative one somewhere
+    (the far corners of the domain find it when only the growth terms are negative)."""
+    try:
+        h = ProfiledCost(*coeffs)
+    except ValueError:
+        far = 10**18
+        points = [(x, k) for x in (0, 1, far) for k in (1, 2, far)]
+        a, b, c, d, e = coeffs
+        negative = [a * x + e < 0 for x in (0, far)] + [b + c * x + d * (2 * k - 1) < 0 for x, k in points]
+        assert any(negative), coeffs
+        return
+    for x in (0, 1, 7, 100, 4096, 10**6):
+        assert h.total(x, 0) >= 0
+        for k in (1, 2, 3, 50, 4096, 10**6):
+            assert h.total(x, k) - h.total(x, k - 1) >= -1e-9 * max(1.0, abs(h.total(x, k))), (coeffs, x, k)
