@@ -56,7 +56,7 @@ class RedisServer:
     """A real redis-server on a free loopback port, that a test may kill and start again. ``persist``:
     an append-only file in its folder, so that a restart finds what it held (as on Kubernetes)."""
 
-    def __init__(self, workdir: Path, persist: bool = False) -> None:
+    def __init__(self, workdir: Path, persist: bool = False, start: bool = True) -> None:
         import shutil
 
         binary = shutil.which("redis-server")
@@ -66,7 +66,8 @@ class RedisServer:
         self.args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)]
         self.args += ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
         self.proc = None
-        self.start()
+        if start:
+            self.start()
 
     @property
     def url(self) -> str:
@@ -97,7 +98,7 @@ class RedisServer:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
 

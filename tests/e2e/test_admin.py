@@ -12,7 +12,7 @@ from .gateway_helpers import Gateway, deploy
 
 @pytest.fixture(scope="module")
 def gw(serve_port) -> Gateway:
-    gateway = deploy("admin", serve_port, workers=1)
+    gateway = deploy("admin", serve_port, workers=1, ingress_replicas=2)  # each with its own key cache
     yield gateway
     gateway.delete()
 
@@ -62,9 +62,18 @@ def test_create_reweight_and_delete_a_tenant_live(gw):
     updated = admin(gw, "PATCH", "/tenants/dave", json={"weight": 3.5})
     assert updated.status_code == 200 and updated.json()["weight"] == 3.5
     assert gw.stats()["tenants"]["dave"]["weight"] == 3.5  # the dispatcher charges by it from now on
+    rotated = "fg-rotated-" + "x" * 24
+    for _ in range(8):  # both ingress replicas have the key in their caches now
+        assert complete(gw, key) == 3
+    assert admin(gw, "PATCH", "/tenants/dave", json={"api_key": rotated}).status_code == 200
+    for _ in range(8):  # refused at once, through the replica that made the change and the other one
+        with pytest.raises(openai.AuthenticationError):
+            complete(gw, key)
+        assert complete(gw, rotated) == 3
     assert admin(gw, "DELETE", "/tenants/dave").json() == {"name": "dave", "deleted": True}
-    with pytest.raises(openai.AuthenticationError):
-        complete(gw, key)
+    for _ in range(8):
+        with pytest.raises(openai.AuthenticationError):
+            complete(gw, rotated)
     assert admin(gw, "DELETE", "/tenants/dave").status_code == 404
 
 

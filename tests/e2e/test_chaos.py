@@ -370,3 +370,27 @@ def test_tenants_changed_through_the_admin_api_survive_a_dispatcher_restart(chao
     assert rows["dave"]["weight"] == 2 and rows["bob"]["weight"] == 3
     assert rows["dave"]["service"] == pytest.approx(served)
     dave.completions.create(model="fairgate-sim", prompt="hi", max_tokens=5, extra_body={"ignore_eos": True})
+
+
+def test_a_dispatcher_whose_start_failed_tries_again_on_the_next_call(serve_port, tmp_path):
+    """Redis is not up when the dispatcher starts: that call fails clearly, and once Redis answers the
+    next call starts the dispatcher (a failed start is never kept)."""
+    from dispatcher.actor import get_or_create_dispatcher
+    from dispatcher.core import SchedulerConfig
+
+    redis_later = RedisServer(tmp_path, start=False)
+    settings = {
+        "scheduler": SchedulerConfig().to_dict(),
+        "tenants": [{"name": "alice", "key_hash": "h", "weight": 1.0}],
+        "state": {"redis_url": redis_later.url, "connect_timeout_s": 0.5},
+        "telemetry": {},
+    }
+    actor = get_or_create_dispatcher("start-retry", settings, "secret-for-this-test")
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError, match="Redis did not answer"):
+            ray.get(actor.stats.remote())
+        redis_later.start()
+        assert "alice" in ray.get(actor.stats.remote())["tenants"]
+    finally:
+        ray.kill(actor)
+        redis_later.stop()
