@@ -88,22 +88,44 @@ def cost_from_spec(spec: dict[str, Any] | None) -> CostFunction:
 
 
 def fit_profiled_cost(profile: dict[str, dict[str, list[float]]]) -> ProfiledCost:
-    """Least-squares fit of h to a profile ``{input: {output: [batch, prefill_s, decode_s]}}``.
+    """Least-squares fit of h to a profile ``{input: {output: [batch, prefill_s, decode_s]}}``, under
+    the constraints that make every charge non-negative (``ProfiledCost``).
 
     The target is the per-request engine time in milliseconds (prefill_s + decode_s), as in the paper.
-    Pure arithmetic (normal equations) so the core stays free of numpy.
+    With b' = b + d, h = a x + b' y + c x y + d (y² - y) + e, and the constraints are all five
+    coefficients >= 0: the best fit among every choice of coefficients held at zero (32 small
+    systems) is exact non-negative least squares. A measured profile whose free fit would charge
+    negatively (e.g. decode getting cheaper per token with length, seen on CPUs) gets the closest
+    valid h instead. Pure arithmetic (normal equations) so the core stays free of numpy.
     """
     rows: list[tuple[list[float], float]] = []
     for x_key, by_output in profile.items():
         for y_key, values in by_output.items():
             x, y = float(x_key), float(y_key)
-            rows.append(([x, y, x * y, y * y, 1.0], 1000.0 * (values[1] + values[2])))
+            rows.append(([x, y, x * y, y * y - y, 1.0], 1000.0 * (values[1] + values[2])))
     if len(rows) < 5:
         raise ValueError("a cost profile needs at least 5 (input, output) points to fit h")
-    n = 5
-    ata = [[sum(f[i] * f[j] for f, _ in rows) for j in range(n)] for i in range(n)]
-    atb = [sum(f[i] * t for f, t in rows) for i in range(n)]
-    return ProfiledCost(*_solve(ata, atb))
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1, 32):
+        free = [i for i in range(5) if mask >> i & 1]
+        ata = [[sum(f[i] * f[j] for f, _ in rows) for j in free] for i in free]
+        atb = [sum(f[i] * t for f, t in rows) for i in free]
+        try:
+            solved = _solve(ata, atb)
+        except ValueError:
+            continue
+        if any(v < 0 for v in solved):
+            continue
+        coeffs = [0.0] * 5
+        for i, v in zip(free, solved, strict=True):
+            coeffs[i] = v
+        residual = sum((sum(c * v for c, v in zip(coeffs, f, strict=True)) - t) ** 2 for f, t in rows)
+        if best is None or residual < best[0]:
+            best = (residual, coeffs)
+    if best is None:
+        raise ValueError("cost profile is degenerate: cannot fit h")
+    a, b_plus_d, c, d, e = best[1]
+    return ProfiledCost(a, b_plus_d - d, c, d, e)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:

@@ -329,8 +329,12 @@ def test_killing_an_ingress_replica_fails_only_its_own_requests_and_leaks_no_res
     out, start, end = asyncio.run(scenario())
     print(f"{len(out.completed)} completed, {len(out.failed)} failed with the killed ingress replica")
     assert all(tokens == MAX_TOKENS for _, _, tokens in out.completed)
-    assert len(out.completed) > 4 * len(out.failed)  # the other replica's clients went on
-    assert len(out.failed) <= 24  # at most what was in flight through the dead replica (24 clients)
+    # the requests routed to the dead replica (until Serve's health check takes it out) fail with a
+    # server error; the other replica's went on
+    assert len(out.completed) > len(out.failed)
+    assert all("500" in error or "Connection" in error or "Error code: 5" in error for *_, error in out.failed), (
+        out.failed
+    )
     generated = generated_counts(gw)
     assert all(generated.get(rid) == 1 for _, rid, _ in out.completed)
     # what the dead replica had queued or assigned is freed: by the abort of its worker calls, or by the

@@ -9,6 +9,7 @@ import pytest
 
 from dispatcher.core import REJECT_RATE_LIMITED, REJECT_TENANT_QUEUE_FULL, FairScheduler, ProfiledCost, cost_from_spec
 from dispatcher.core.costs import fit_profiled_cost
+from tests.conftest import SHARED_PROFILE
 from tests.unit.schedulers import make
 
 
@@ -107,15 +108,20 @@ def test_a_cost_function_with_a_negative_charge_is_refused_when_loaded(coeffs):
         cost_from_spec({"kind": "profiled", "coeffs": list(coeffs)})
 
 
-def test_a_fitted_profile_with_a_negative_charge_is_refused():
-    # decode time that falls with the output length: the fit has d < 0
+def test_a_profile_whose_free_fit_would_charge_negatively_gets_the_closest_valid_h():
+    # decode time that falls with the output length: a free fit has d < 0
     profile = {str(x): {str(y): [1, 0.001 * x, 0.5 * y - 0.002 * y * y] for y in (1, 50, 100)} for x in (1, 50, 100)}
-    with pytest.raises(ValueError, match="profiled cost"):
-        fit_profiled_cost(profile)
+    h = fit_profiled_cost(profile)  # accepted by ProfiledCost: every charge non-negative
+    assert h.d == 0 and h.total(100, 100) > h.total(100, 99) >= h.total(0, 0) >= 0
 
 
-def test_the_papers_fit_is_accepted():
+def test_the_papers_fit_is_accepted_and_refitting_its_profile_gives_it_again():
     assert ProfiledCost().total(100, 10) > 0
+    profile = json.loads(SHARED_PROFILE.read_text())
+    fitted = fit_profiled_cost(profile)
+    assert fitted.a == pytest.approx(ProfiledCost().a, rel=1e-4) and fitted.d == pytest.approx(
+        ProfiledCost().d, rel=1e-4
+    )
 
 
 def test_a_predicted_reservation_holds_what_a_tenant_uses_not_what_it_asks_for():
