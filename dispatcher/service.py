@@ -262,12 +262,9 @@ class DispatcherService:
 
     def _expire_unstarted(self, request_id: str) -> None:
         """An assignment whose ticket expired before its worker started it frees its reservation."""
-        self._orphans.pop(request_id, None)
         req = self.scheduler.in_flight().get(request_id)
-        if req is not None and not req.started:
-            self.abort(request_id)
-            self.scheduler.on_finish(request_id, 0, "abort", self._clock())
-            self._assign()
+        if req is None or not req.started:
+            self.release(request_id)
 
     def _apply(self, worker_id: str, msg: pb.WorkerMessage) -> str | None:
         """One message from a worker; returns the worker id after a hello."""
@@ -279,10 +276,6 @@ class DispatcherService:
             for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
                 if s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens):
                     self._forget_orphan(r.request_id)
-                else:  # still tracked (its old stream's end not seen yet): reports may have been lost
-                    known = s.in_flight().get(r.request_id)
-                    if known is not None and known.worker == h.worker_id and r.output_tokens > known.output_tokens:
-                        s.on_report(h.worker_id, {r.request_id: r.output_tokens - known.output_tokens})
             now = self._clock()
             for r in h.ended:  # ended while the stream was down: settled here, exactly once
                 args = (r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, now)

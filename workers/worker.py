@@ -67,9 +67,9 @@ class Worker:
         self._reconnect_s = reconnect_s
         self._max_reconnect_s = max_reconnect_s
         self._running: dict[str, _Running] = {}
-        # what ended here lately, with its final counts: a hello re-announces it (its last reports may
-        # have been lost with a broken stream); request id -> (tenant, prompt, max_tokens, output, when)
-        self._ended: OrderedDict[str, tuple[str, int, int, int, float]] = OrderedDict()
+        # what ended here lately, with its final count as ``reported``: a hello re-announces it (its last
+        # reports may have been lost with a broken stream); request id -> (request, when it ended)
+        self._ended: OrderedDict[str, tuple[_Running, float]] = OrderedDict()
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
@@ -137,8 +137,9 @@ class Worker:
         if not (r.started or output_tokens):
             return  # never reached the engine: nothing to settle but a refund, which its finish makes
         now, ended = time.monotonic(), self._ended
-        ended[request_id] = (r.tenant, r.prompt_tokens, r.max_tokens, output_tokens, now)
-        while ended and (len(ended) > ENDED_KEPT or next(iter(ended.values()))[4] < now - ENDED_KEPT_S):
+        r.reported = output_tokens
+        ended[request_id] = (r, now)
+        while ended and (len(ended) > ENDED_KEPT or next(iter(ended.values()))[1] < now - ENDED_KEPT_S):
             ended.popitem(last=False)
 
     def release(self, request_id: str) -> None:
@@ -195,22 +196,8 @@ class Worker:
             yield msg
 
     def _hello(self) -> pb.Hello:
-        running = [
-            pb.RunningRequest(
-                request_id=rid,
-                tenant=s.tenant,
-                prompt_tokens=s.prompt_tokens,
-                output_tokens=s.reported,
-                max_tokens=s.max_tokens,
-            )
-            for rid, s in self._running.items()
-        ]
-        ended = [
-            pb.RunningRequest(
-                request_id=rid, tenant=tenant, prompt_tokens=prompt, output_tokens=output, max_tokens=max_tokens
-            )
-            for rid, (tenant, prompt, max_tokens, output, _) in self._ended.items()
-        ]
+        running = [_announced(rid, r) for rid, r in self._running.items()]
+        ended = [_announced(rid, r) for rid, (r, _) in self._ended.items()]
         return pb.Hello(
             worker_id=self.worker_id,
             address=self.address,
@@ -313,6 +300,17 @@ class _WorkerServicer(rpc.WorkerServicer):
                 w._remember_ended(t.request_id, ended, completion_tokens)
             span.set_attribute("fairgate.completion_tokens", completion_tokens)
             span.end()
+
+
+def _announced(request_id: str, r: _Running) -> pb.RunningRequest:
+    """A request as a hello re-announces it, with every output token reported for it."""
+    return pb.RunningRequest(
+        request_id=request_id,
+        tenant=r.tenant,
+        prompt_tokens=r.prompt_tokens,
+        output_tokens=r.reported,
+        max_tokens=r.max_tokens,
+    )
 
 
 def _report_message(report: StepReport, running: dict[str, _Running]) -> pb.StepReport:

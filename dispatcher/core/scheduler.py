@@ -394,9 +394,14 @@ class FairScheduler:
     ) -> bool:
         """A worker announces a running request this scheduler does not track (after a dispatcher
         restart, or a worker's stream that broke). It is taken into the tables and charged what it has
-        consumed beyond what was charged for it before (``restore_durable`` / ``worker_leave``)."""
+        consumed beyond what was charged for it before (``restore_durable`` / ``worker_leave``). One
+        still tracked there (the old stream's end not seen yet) is brought to the announced count: the
+        reports in between were lost. Returns whether it was taken in."""
         slot = self.workers.get(worker_id)
-        if slot is None or request_id in self._in_flight:
+        known = self._in_flight.get(request_id)
+        if known is not None and known.worker == worker_id and output_tokens > known.output_tokens:
+            self.on_report(worker_id, {request_id: output_tokens - known.output_tokens})
+        if slot is None or known is not None:
             return False
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
