@@ -85,6 +85,15 @@ class WorkerSettings(_Section):
     settings: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModelPool(_Section):
+    """One model behind the endpoint: a pool of worker replicas (its engine, settings and autoscaling),
+    fair within itself. ``tenants``: who may use it (None: every tenant)."""
+
+    name: str = Field(min_length=1)
+    workers: WorkerSettings
+    tenants: tuple[str, ...] | None = None
+
+
 class IngressSettings(_OpenSection):
     replicas: int = Field(1, ge=1)
     max_body_bytes: int = Field(1 << 20, ge=1)
@@ -125,9 +134,10 @@ class TelemetrySettings(_Section):
 
 
 class GatewayConfig(_Section):
-    model: str
+    model: str  # the first model's name (a one-model gateway: the model)
     scheduler: dict[str, Any]  # SchedulerConfig.to_dict(): plain data, so it travels through Ray
-    workers: WorkerSettings
+    workers: WorkerSettings  # the first model's workers
+    models: tuple[ModelPool, ...]  # every model, the first one included
     ingress: IngressSettings
     tenants: tuple[TenantConfig, ...]
     admin_key_hash: str = ""
@@ -138,7 +148,24 @@ class GatewayConfig(_Section):
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
         data = self.model_dump()
         data["tenants"] = list(data["tenants"])
+        data["models"] = [
+            {**m, "tenants": None if m["tenants"] is None else list(m["tenants"])} for m in data["models"]
+        ]
         return data
+
+    def with_first(self, *, model: str | None = None, workers: WorkerSettings | None = None) -> GatewayConfig:
+        """This configuration with its first model renamed or its workers changed (command-line overrides)."""
+        first = self.models[0]
+        update: dict[str, Any] = {}
+        if model is not None:
+            update["name"] = model
+        if workers is not None:
+            update["workers"] = workers
+        return self.with_models([first.model_copy(update=update), *self.models[1:]])
+
+    def with_models(self, models: list[ModelPool]) -> GatewayConfig:
+        """This configuration serving ``models`` (the first one is also ``model`` / ``workers``)."""
+        return self.model_copy(update={"models": tuple(models), "model": models[0].name, "workers": models[0].workers})
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -151,7 +178,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         raise ConfigError(f"{where}: expected a mapping")
     try:
         scheduler = _scheduler(raw)
-        workers = validate_section(WorkerSettings, _split_workers(raw.get("workers") or {}), "workers")
+        models = _models(raw)
         ingress = validate_section(IngressSettings, raw.get("ingress") or {}, "ingress")
         state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
         telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
@@ -166,10 +193,16 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least 16 characters")
     if hash_key(admin_key) in {t.key_hash for t in tenants}:
         raise ConfigError(f"{where}: the admin key must differ from every tenant's key")
+    names = {t.name for t in tenants}
+    for m in models:
+        unknown = sorted(set(m.tenants or ()) - names)
+        if unknown:
+            raise ConfigError(f"{where}: models[{m.name}].tenants names unknown tenants: {', '.join(unknown)}")
     config = GatewayConfig(
-        model=str(raw.get("model", "fairgate-sim")),
+        model=models[0].name,
         scheduler=scheduler,
-        workers=workers,
+        workers=models[0].workers,
+        models=tuple(models),
         ingress=ingress,
         tenants=tuple(tenants),
         admin_key_hash=hash_key(admin_key),
@@ -221,6 +254,40 @@ def _split_workers(raw: Any) -> Any:
         return raw
     own = {k: v for k, v in raw.items() if k in GENERIC_WORKER_KEYS}
     return {**own, "settings": {k: v for k, v in raw.items() if k not in GENERIC_WORKER_KEYS}}
+
+
+def _models(raw: dict[str, Any]) -> list[ModelPool]:
+    """``models:`` (a list of pools), or the one-model form: ``model`` and ``workers``."""
+    listed = raw.get("models")
+    if listed is None:
+        workers = validate_section(WorkerSettings, _split_workers(raw.get("workers") or {}), "workers")
+        return [ModelPool(name=str(raw.get("model", "fairgate-sim")), workers=workers)]
+    if "model" in raw or "workers" in raw:
+        raise ValueError("give models, or model and workers, not both")
+    if not isinstance(listed, list) or not listed:
+        raise ValueError("models must be a non-empty list of {name, workers, tenants}")
+    pools = []
+    for i, m in enumerate(listed):
+        if not isinstance(m, dict):
+            raise ValueError(f"models[{i}] must be a mapping")
+        where = f"models[{i}]"
+        unknown = sorted(set(m) - {"name", "workers", "tenants"})
+        if unknown:
+            raise ValueError(f"{where} takes name, workers, tenants; unknown: {unknown[0]}")
+        workers = validate_section(WorkerSettings, _split_workers(m.get("workers") or {}), f"{where}.workers")
+        tenants = m.get("tenants")
+        if tenants is not None and (not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants)):
+            raise ValueError(f"{where}.tenants must be a list of tenant names")
+        pools.append(
+            validate_section(
+                ModelPool,
+                {"name": m.get("name"), "workers": workers, "tenants": None if tenants is None else tuple(tenants)},
+                where,
+            )
+        )
+    if len({p.name for p in pools}) != len(pools):
+        raise ValueError("models: every model needs its own name")
+    return pools
 
 
 def _state_env(raw: Any) -> Any:

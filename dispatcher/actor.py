@@ -36,6 +36,7 @@ FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-an
 def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
     """The part of the gateway configuration the dispatcher is created from."""
     return {
+        "models": [m["name"] for m in gateway.get("models") or [{"name": gateway.get("model", "")}]],
         "scheduler": gateway["scheduler"],
         "tenants": gateway["tenants"],
         "state": gateway.get("state") or {},
@@ -45,10 +46,18 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
 
 @ray.remote(num_cpus=0)
 class DispatcherActor:
+    """One scheduler per model pool (fairness is per pool: each pool is its own resource), each with
+    its own Dispatcher gRPC service for its workers; tenants, keys and the live page are shared. Calls
+    name their pool by model; without one, the first model's."""
+
     def __init__(self, app: str, settings: dict[str, Any], secret: str) -> None:
         self._app = app
         self._settings = settings
-        self._service = DispatcherService(SchedulerConfig.from_dict(settings["scheduler"]), secret.encode())
+        config = SchedulerConfig.from_dict(settings["scheduler"])
+        models = settings.get("models") or [""]
+        self._pools = {m: DispatcherService(config, secret.encode()) for m in models}
+        self._first = models[0]
+        self._service = self._pools[self._first]
         self._registry = TenantRegistry([])
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
@@ -69,23 +78,33 @@ class DispatcherActor:
         state = self._settings["state"]
         self._store = await open_store(state, self._app)
         tenants = await self._store.load_tenants(list(self._settings["tenants"]))
-        scheduler = self._service.scheduler
-        saved = await self._store.load_state()
-        if saved is not None:
-            scheduler.restore_durable(saved)
-            log.warning("dispatcher: continuing from saved counters of %d tenants", len(saved["tenants"]))
         self._registry = TenantRegistry(tenants)
-        for t in tenants:
-            scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
-        address = await self._service.start(bind_host(), 0)
         loop = asyncio.get_running_loop()
-        loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
+        for model, service in self._pools.items():
+            scheduler = service.scheduler
+            saved = await self._store.load_state(self._state_key(model))
+            if saved is not None:
+                scheduler.restore_durable(saved)
+                log.warning("dispatcher: %s continues from saved counters of %d tenants", model, len(saved["tenants"]))
+            for t in tenants:
+                scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
+            await service.start(bind_host(), 0)
+            loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
         self._sampler = loop.create_task(self._sample_every(1.0))
         telemetry = self._settings.get("telemetry") or {}
         if telemetry.get("otlp_endpoint"):
             start_otlp_metrics(lambda: self._latest, int(telemetry.get("top_tenants", 20)), telemetry["otlp_endpoint"])
-        return address
+        return self._service.address
+
+    def _state_key(self, model: str) -> str:
+        return "" if model == self._first else model
+
+    def _pool(self, model: str | None) -> DispatcherService:
+        service = self._pools.get(model or self._first)
+        if service is None:
+            raise ValueError(f"no model pool named {model!r}")
+        return service
 
     async def _sample_every(self, interval_s: float) -> None:
         while True:
@@ -101,6 +120,8 @@ class DispatcherActor:
         data["rates"] = self._history.rates(10.0)
         if series_s:
             data["series"] = self._history.series(series_s)
+        if len(self._pools) > 1:  # every pool's own figures (the top level: the first model's)
+            data["pools"] = {m: service.telemetry() for m, service in self._pools.items()}
         return data
 
     async def _save_every(self, interval_s: float) -> None:
@@ -113,15 +134,17 @@ class DispatcherActor:
         if self._store is None:
             return False
         try:
-            await self._store.save_state(self._service.scheduler.durable_state())
+            for model, service in self._pools.items():
+                await self._store.save_state(service.scheduler.durable_state(), self._state_key(model))
             return True
         except Exception as exc:  # serving goes on; the next interval tries again
             log.warning("dispatcher: could not save state: %s", exc)
             return False
 
-    async def address(self) -> str:
-        """The Dispatcher gRPC service's address (it changes when the actor restarts)."""
-        return await self._ready()
+    async def address(self, model: str | None = None) -> str:
+        """The Dispatcher gRPC service of a model pool: its address (it changes when the actor restarts)."""
+        await self._ready()
+        return self._pool(model).address
 
     async def submit(
         self,
@@ -131,6 +154,7 @@ class DispatcherActor:
         max_tokens: int,
         retry: bool = False,
         key_hash: str | None = None,
+        model: str | None = None,
     ) -> dict[str, Any]:
         """Resolves when the request is assigned: where to run it and the signed ticket. ``key_hash``:
         the caller's API key, checked against the registry here, so a key revoked or rotated through
@@ -138,39 +162,40 @@ class DispatcherActor:
         await self._ready()
         if key_hash is not None and self._registry.lookup(key_hash) != tenant:
             return {"rejected": REJECT_UNKNOWN_KEY}
+        service = self._pool(model)
         try:
-            p = await self._service.submit(request_id, tenant, prompt_tokens, max_tokens, retry=retry)
+            p = await service.submit(request_id, tenant, prompt_tokens, max_tokens, retry=retry)
         except Rejected as exc:
             return {"rejected": exc.reason}
         return {
-            "counter": self._service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
+            "counter": service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
             "worker_id": p.worker_id,
             "address": p.address,
             "ticket": dataclasses.asdict(p.ticket),
             "signature": p.signature,
         }
 
-    async def release(self, request_id: str) -> None:
+    async def release(self, request_id: str, model: str | None = None) -> None:
         """The caller gave up on an assigned request before it started: free it now."""
         await self._ready()
-        self._service.release(request_id)
+        self._pool(model).release(request_id)
 
-    async def abort(self, request_id: str) -> None:
+    async def abort(self, request_id: str, model: str | None = None) -> None:
         await self._ready()
-        self._service.abort(request_id)
+        self._pool(model).abort(request_id)
 
-    async def drain(self, worker_id: str) -> None:
+    async def drain(self, worker_id: str, model: str | None = None) -> None:
         await self._ready()
-        self._service.drain(worker_id)
+        self._pool(model).drain(worker_id)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, model: str | None = None) -> dict[str, Any]:
         await self._ready()
-        return self._service.stats()
+        return self._pool(model).stats()
 
-    async def demand(self) -> dict[str, Any]:
-        """Running and waiting load (read by the worker deployment's autoscaling policy)."""
+    async def demand(self, model: str | None = None) -> dict[str, Any]:
+        """Running and waiting load of a pool (read by its worker deployment's autoscaling policy)."""
         await self._ready()
-        return dataclasses.asdict(self._service.scheduler.demand())
+        return dataclasses.asdict(self._pool(model).scheduler.demand())
 
     async def process(self) -> dict[str, Any]:
         """This actor's process: its pid (for chaos tests) and resident memory in bytes (for soaks)."""
@@ -222,7 +247,8 @@ class DispatcherActor:
             return {"error": [503, "the tenant change could not be saved; retry later"]}
         if record is None:
             return {"name": name, "deleted": True}
-        self._service.scheduler.add_tenant(name, record.weight)  # the next dispatch uses the new weight
+        for service in self._pools.values():  # the next dispatch uses the new weight, in every pool
+            service.scheduler.add_tenant(name, record.weight)
         return next(row for row in await self.list_tenants() if row["name"] == name)
 
     async def shutdown(self) -> None:
@@ -232,7 +258,8 @@ class DispatcherActor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
         await self.persist()
-        await self._service.stop()
+        for service in self._pools.values():
+            await service.stop()
         if self._store is not None:
             await self._store.close()
 

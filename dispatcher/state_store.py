@@ -25,9 +25,9 @@ class StateStore(Protocol):
 
     async def delete_tenant(self, name: str) -> None: ...
 
-    async def load_state(self) -> dict[str, Any] | None: ...
+    async def load_state(self, pool: str = "") -> dict[str, Any] | None: ...
 
-    async def save_state(self, state: dict[str, Any]) -> None: ...
+    async def save_state(self, state: dict[str, Any], pool: str = "") -> None: ...
 
     async def close(self) -> None: ...
 
@@ -44,10 +44,10 @@ class MemoryStore:
     async def delete_tenant(self, name: str) -> None:
         return None
 
-    async def load_state(self) -> dict[str, Any] | None:
+    async def load_state(self, pool: str = "") -> dict[str, Any] | None:
         return None
 
-    async def save_state(self, state: dict[str, Any]) -> None:
+    async def save_state(self, state: dict[str, Any], pool: str = "") -> None:
         return None
 
     async def close(self) -> None:
@@ -55,7 +55,8 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Keys under ``prefix``: ``:tenants`` (hash name -> JSON record), ``:seeded`` and ``:state``."""
+    """Keys under ``prefix``: ``:tenants`` (hash name -> JSON record), ``:seeded``, ``:state`` (the first
+    model pool's scheduler) and ``:state:<model>`` (each other pool's)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         import redis.asyncio as aioredis
@@ -95,12 +96,13 @@ class RedisStore:
     async def delete_tenant(self, name: str) -> None:
         await self._redis.hdel(self._tenants, name)
 
-    async def load_state(self) -> dict[str, Any] | None:
-        raw = await self._redis.get(self._state)
+    async def load_state(self, pool: str = "") -> dict[str, Any] | None:
+        """The saved scheduler state of one model pool ("": the first model's)."""
+        raw = await self._redis.get(self._state + (f":{pool}" if pool else ""))
         return None if raw is None else json.loads(raw)
 
-    async def save_state(self, state: dict[str, Any]) -> None:
-        await self._redis.set(self._state, json.dumps(state))
+    async def save_state(self, state: dict[str, Any], pool: str = "") -> None:
+        await self._redis.set(self._state + (f":{pool}" if pool else ""), json.dumps(state))
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -3,12 +3,13 @@ Ray Serve application, and start it on a local Ray cluster kept on loopback."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ray
 from ray import serve
 
-from common.config import GatewayConfig
+from common.config import GatewayConfig, WorkerSettings
 from common.loopback import ray_environment
 from dispatcher.actor import dispatcher_settings
 from ingress.deployment import Ingress
@@ -19,16 +20,27 @@ from workers.engines import engine_for
 
 def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
     g = config.plain()
-    workers = WorkerReplica.options(**worker_options(app_name, config)).bind(
-        app_name, dispatcher_settings(g), {**g["workers"], "telemetry": g["telemetry"]}, secret
-    )
-    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, workers)
+    pools = []
+    for i, m in enumerate(config.models):
+        workers = g["models"][i]["workers"]
+        options = worker_options(app_name, m.workers, m.name) | {"name": worker_deployment_name(i, m.name)}
+        pools.append(
+            WorkerReplica.options(**options).bind(
+                app_name, dispatcher_settings(g), {**workers, "telemetry": g["telemetry"]}, secret, m.name
+            )
+        )
+    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, pools)
 
 
-def worker_options(app_name: str, config: GatewayConfig) -> dict[str, Any]:
-    """Replicas of the worker deployment: a fixed count, or autoscaled on the dispatcher's demand.
-    A replica scaled down drains: it takes no new work and finishes what runs (``graceful_shutdown_s``)."""
-    w = config.workers
+def worker_deployment_name(index: int, model: str) -> str:
+    """The first model's workers keep the one-model name; each other pool's is named after its model."""
+    return "WorkerReplica" if index == 0 else "WorkerReplica-" + re.sub(r"[^A-Za-z0-9_-]", "-", model)
+
+
+def worker_options(app_name: str, w: WorkerSettings, model: str | None = None) -> dict[str, Any]:
+    """Replicas of a pool's worker deployment: a fixed count, or autoscaled on the demand of its pool in
+    the dispatcher. A replica scaled down drains: it takes no new work and finishes what runs
+    (``graceful_shutdown_s``)."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": w.num_cpus, "num_gpus": w.num_gpus},
         "graceful_shutdown_timeout_s": w.graceful_shutdown_s,
@@ -41,6 +53,7 @@ def worker_options(app_name: str, config: GatewayConfig) -> dict[str, Any]:
         "policy_function": POLICY_PATH,
         "policy_kwargs": {
             "app": app_name,
+            "model": model,
             "kv_tokens_per_replica": kv_tokens,
             "max_running_per_replica": max_running,
             "target_utilization": a.target_utilization,

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from common.config import ConfigError, GatewayConfig, read_yaml, validate
+from common.config import ConfigError, GatewayConfig, WorkerSettings, read_yaml, validate
 from workers.engines import engine_for
 
 
@@ -26,14 +26,24 @@ def load_config(path: str | Path | None = None) -> tuple[GatewayConfig, dict[str
 def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, str]]:
     """A configuration as parsed YAML, checked whole (the schema, then the engine's settings)."""
     config, generated = validate(raw, where)
-    return with_engine(config, config.workers.engine, config.workers.settings, where), generated
+    models = [
+        m.model_copy(update={"workers": checked_workers(m.workers, m.workers.engine, m.workers.settings, where)})
+        for m in config.models
+    ]
+    return config.with_models(models), generated
 
 
-def with_engine(config: GatewayConfig, engine: str, settings: dict[str, Any], where: str) -> GatewayConfig:
-    """``config`` running ``engine`` with ``settings``, checked by that engine's plug-in."""
+def checked_workers(workers: WorkerSettings, engine: str, settings: dict[str, Any], where: str) -> WorkerSettings:
+    """``workers`` running ``engine`` with ``settings``, checked by that engine's plug-in."""
     try:
         checked = engine_for(engine).settings(settings)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    workers = config.workers.model_copy(update={"engine": engine, "settings": checked})
-    return config.model_copy(update={"workers": workers})
+    return workers.model_copy(update={"engine": engine, "settings": checked})
+
+
+def with_engine(config: GatewayConfig, engine: str, settings: dict[str, Any], where: str) -> GatewayConfig:
+    """``config`` with its first model running ``engine`` with ``settings``."""
+    first = config.models[0]
+    workers = checked_workers(first.workers, engine, settings, where)
+    return config.with_models([first.model_copy(update={"workers": workers}), *config.models[1:]])

@@ -7,7 +7,7 @@ disconnects while streaming aborts it at the worker.
 """
 
 import asyncio
-import functools
+import json
 import logging
 import time
 import uuid
@@ -22,6 +22,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 
 from common.config import hash_key
+from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
@@ -29,11 +30,10 @@ from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_api import tenant_change
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
-from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_text
-from ingress.openai_api import ApiError, ChatRequest, CompletionRequest, parse_body, parse_json
+from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
+from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_body, parse_json
+from ingress.pools import ModelPools
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
-from ingress.prompting import Prompting
-from ingress.responses import sse_events, whole_response
 
 app = FastAPI(title="fairgate", version="0.1.0")
 
@@ -52,28 +52,9 @@ def _ticket(placement: dict[str, Any]) -> pb.Ticket:
     return ticket_message(TicketFields(**placement["ticket"]), placement["signature"])
 
 
-def _generate_request(req: ChatRequest | CompletionRequest, prompt: str, prompt_tokens: int, max_tokens: int):
-    """The worker's request, built and encoded before anything is reserved: a value that cannot travel
-    is the client's 400, never a failure after the dispatcher assigned it."""
-    chat = isinstance(req, ChatRequest)
-    try:
-        message = pb.GenerateRequest(
-            prompt=prompt,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed or 0,
-            has_seed=req.seed is not None,
-            stop=req.stop_strings(),
-            ignore_eos=req.ignore_eos,
-            templated=chat,
-            final_only=not req.stream and not req.stop_strings(),  # one message instead of one per step
-        )
-        message.SerializeToString()
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise ApiError(400, f"the request has a value that cannot be encoded ({type(exc).__name__})") from None
-    return message
+def _sse_error(error: ApiError) -> bytes:
+    """A failure after the stream began: a last event the client can read, then the end."""
+    return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
 
 
 @app.exception_handler(ApiError)
@@ -97,9 +78,8 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
 class Ingress:
     def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:
         configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
-        self._model = gateway["model"]
+        self._pools = ModelPools(gateway)
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
-        self._prompting = Prompting(gateway)
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._lookups = LookupBudget()
         self._admin_key_hash = gateway.get("admin_key_hash", "")
@@ -117,19 +97,22 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> dict[str, Any]:
-        await self._tenant(request)
-        return {
-            "object": "list",
-            "data": [{"id": self._model, "object": "model", "created": 0, "owned_by": "fairgate"}],
-        }
+        """The models this tenant may use."""
+        tenant = await self._tenant(request)
+        return {"object": "list", "data": self._pools.listing(tenant)}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(self, model: str, request: Request) -> dict[str, Any]:
+        tenant = await self._tenant(request)
+        return self._pools.pool(model, tenant).card()
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
-        return await self._serve(request, chat=False)
+        return await self._serve(request, "completions")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
-        return await self._serve(request, chat=True)
+        return await self._serve(request, "chat")
 
     # ------------------------------------------------------------------ observability
 
@@ -205,45 +188,62 @@ class Ingress:
 
     # ------------------------------------------------------------------ one request
 
-    async def _serve(self, request: Request, chat: bool):
+    async def _serve(self, request: Request, endpoint: str):
+        """Admit the request (its size, estimated as the engine counts), wait for its turn, then relay
+        the engine's answer from the assigned worker, bytes unchanged."""
         tenant, key_hash = await self._caller(request)
-        body = await self._json_body(request)
-        req = parse_body(ChatRequest if chat else CompletionRequest, body)
-        if req.model != self._model:
-            raise ApiError(404, f"the model '{req.model}' does not exist", param="model", code="model_not_found")
-        if request.state.body_bytes > INLINE_TOKENIZE_BYTES:  # long prompts: tokenized off the event loop
-            prompt, prompt_tokens, max_tokens = await asyncio.to_thread(self._prompting.prepare, req)
+        raw = await self._raw_body(request)
+        req = parse_body(ChatAdmission if endpoint == "chat" else CompletionAdmission, parse_json(raw))
+        pool = self._pools.pool(req.model, tenant)
+        if len(raw) > INLINE_TOKENIZE_BYTES:  # long prompts: tokenized off the event loop
+            admitted = await asyncio.to_thread(pool.prompting.admit, req)
         else:
-            prompt, prompt_tokens, max_tokens = self._prompting.prepare(req)
-        grpc_request = _generate_request(req, prompt, prompt_tokens, max_tokens)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            admitted = pool.prompting.admit(req)
+        grpc_request = pb.GenerateRequest(
+            endpoint=endpoint,
+            body=raw,
+            prompt_tokens=admitted.prompt_tokens,
+            max_tokens=admitted.max_tokens,
+            choices=admitted.choices,
+        )
+        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
         trace = RequestTrace(
             {
                 "fairgate.request_id": rid,
                 "fairgate.tenant": tenant,
-                "fairgate.model": self._model,
+                "fairgate.model": pool.name,
                 "fairgate.stream": bool(req.stream),
-                "fairgate.prompt_tokens": prompt_tokens,
-                "fairgate.max_tokens": max_tokens,
+                "fairgate.prompt_tokens": admitted.prompt_tokens,
+                "fairgate.max_tokens": admitted.max_tokens,
             }
         )
         try:
             with trace.queue_span() as queue:
-                placement = await self._submit(rid, tenant, key_hash, prompt_tokens, max_tokens)
+                placement = await self._submit(
+                    pool.name, rid, tenant, key_hash, admitted.prompt_tokens, admitted.max_tokens
+                )
                 trace.dispatched(queue, placement)
         except BaseException as exc:
-            trace.finish(prompt_tokens, 0, None, error=type(exc).__name__)
+            trace.finish(admitted.prompt_tokens, 0, None, error=type(exc).__name__)
             raise
         outcome = Outcome()
-        text = self._generate(tenant, key_hash, placement, grpc_request, req.stop_strings(), outcome, trace)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        if req.stream:
-            release = functools.partial(self._release_unstarted, rid, outcome)
-            events = sse_events(rid, chat, self._model, text, outcome, include_usage, trace, release)
-            return StreamingResponse(events, media_type="text/event-stream")
+        data = self._generate(pool.name, tenant, key_hash, placement, grpc_request, outcome, trace)
         error = ""
         try:
-            content = "".join([piece async for piece in text])
+            first = await anext(data, b"")
+        except WorkerLost as exc:
+            await data.aclose()
+            trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, "worker_failed")
+            raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
+        except BaseException as exc:
+            await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+            trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, type(exc).__name__)
+            raise
+        if outcome.content_type.startswith("text/event-stream"):
+            events = self._relay(pool.name, rid, first, data, outcome, trace)
+            return StreamingResponse(events, status_code=outcome.status, media_type=outcome.content_type)
+        try:
+            content = first + b"".join([piece async for piece in data])
         except WorkerLost as exc:
             error = "worker_failed"
             raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
@@ -251,17 +251,49 @@ class Ingress:
             error = type(exc).__name__
             raise
         finally:
-            await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+            await data.aclose()  # type: ignore[attr-defined]
             trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
-        return whole_response(rid, chat, self._model, content, outcome)
+        return Response(content, status_code=outcome.status, media_type=outcome.content_type or "application/json")
+
+    async def _relay(
+        self, model: str, rid: str, first: bytes, data: AsyncIterator[bytes], outcome: Outcome, trace: RequestTrace
+    ) -> AsyncIterator[bytes]:
+        """A stream's bytes to the client as they come; a failure after the first byte becomes a final
+        error event. However it ends (the client leaving included), the worker is stopped and the
+        trace finished."""
+        error = ""
+        try:
+            yield first
+            async for piece in data:
+                yield piece
+        except WorkerLost as exc:
+            error = "worker_failed"
+            yield _sse_error(ApiError(502, str(exc), type_="server_error", code="worker_failed"))
+        except BaseException as exc:  # the client went away
+            error = type(exc).__name__
+            raise
+        finally:
+            await data.aclose()  # type: ignore[attr-defined]
+            self._release_unstarted(model, rid, outcome)
+            trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
 
     async def _submit(
-        self, rid: str, tenant: str, key_hash: str, prompt_tokens: int, max_tokens: int, retry: bool = False
+        self,
+        model: str,
+        rid: str,
+        tenant: str,
+        key_hash: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        retry: bool = False,
     ) -> dict[str, Any]:
-        """Queue the request; returns its placement. Asked again after a dispatcher restart with the
-        same id and ``retry`` set, so it never runs twice. The dispatcher checks the key again."""
+        """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
+        restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
+        key again."""
         args = (rid, tenant, prompt_tokens, max_tokens)
-        placement = await self._ask_dispatcher("submit", (*args, retry, key_hash), again=(*args, True, key_hash))
+        placement = await self._ask_dispatcher(
+            "submit", (*args, retry, key_hash, model), again=(*args, True, key_hash, model)
+        )
         if "rejected" in placement:
             raise rejection_error(placement["rejected"])
         return placement
@@ -288,15 +320,15 @@ class Ingress:
 
     async def _generate(
         self,
+        model: str,
         tenant: str,
         key_hash: str,
         placement: dict[str, Any],
         request: pb.GenerateRequest,
-        stops: list[str],
         outcome: Outcome,
         trace: RequestTrace,
-    ) -> AsyncIterator[str]:
-        """Stream the text from the assigned worker. A worker lost before it sent anything (crashed,
+    ) -> AsyncIterator[bytes]:
+        """The engine's bytes from the assigned worker. A worker lost before it sent anything (crashed,
         unreachable, ticket refused): the dispatcher places the request again, same id, at the head of
         its tenant's queue. Once anything arrived, a lost worker ends the request with an error. However
         it ends before its worker sent anything (a failure, the client leaving), its reservation is
@@ -306,11 +338,9 @@ class Ingress:
             for attempt in range(MAX_PLACEMENTS):
                 request.ticket.CopyFrom(_ticket(placement))
                 metadata = trace.start_generate(placement["worker_id"])
-                text = stream_text(
-                    self._channels, placement["address"], request, stops, outcome, metadata, trace.first_token
-                )
+                data = stream_bytes(self._channels, placement["address"], request, outcome, metadata, trace.first_token)
                 try:
-                    async for piece in text:
+                    async for piece in data:
                         yield piece
                     return
                 except WorkerLost as exc:
@@ -318,20 +348,20 @@ class Ingress:
                     if outcome.received or not exc.retryable or attempt + 1 == MAX_PLACEMENTS:
                         raise
                 finally:
-                    await text.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
+                    await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
                 await asyncio.sleep(0.05 * 2**attempt)
                 placement = await self._submit(
-                    rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True
+                    model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True
                 )
         finally:
-            self._release_unstarted(rid, outcome)
+            self._release_unstarted(model, rid, outcome)
 
-    def _release_unstarted(self, rid: str, outcome: Outcome) -> None:
+    def _release_unstarted(self, model: str, rid: str, outcome: Outcome) -> None:
         """Free the reservation of a request given up before its worker sent anything (not awaited:
         this may run while the client leaves; a second call finds nothing to free)."""
         if not outcome.received and not outcome.released:
             outcome.released = True
-            self._dispatcher.release.remote(rid)
+            self._dispatcher.release.remote(rid, model)
 
     # ------------------------------------------------------------------ input
 
@@ -366,6 +396,9 @@ class Ingress:
         raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
     async def _json_body(self, request: Request) -> Any:
+        return parse_json(await self._raw_body(request))
+
+    async def _raw_body(self, request: Request) -> bytes:
         limit = self._max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -375,5 +408,4 @@ class Ingress:
             raw += part
             if len(raw) > limit:
                 raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-        request.state.body_bytes = len(raw)
-        return parse_json(bytes(raw))
+        return bytes(raw)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from common.openai_errors import ApiError
 from dispatcher.core import reasons
-from ingress.openai_api import ApiError
 
 RETRY_AFTER_S = 60
 BUSY_RETRY_AFTER_S = 5

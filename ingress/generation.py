@@ -1,7 +1,8 @@
-"""The data plane of one request: stream from the assigned worker, apply stop strings, report usage.
+"""The data plane of one request: relay the engine's response bytes from the assigned worker.
 
-Text goes worker -> ingress -> client; the dispatcher never sees it. Closing the iterator (client
-gone, stop string found) cancels the gRPC call, and the worker aborts the request.
+Bytes go worker -> ingress -> client unchanged (the engine's own OpenAI layer wrote them on the
+worker); the dispatcher never sees them. Closing the iterator (the client gone) cancels the gRPC call,
+and the worker aborts the request.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED, grp
 class Outcome:
     """Filled in as the stream goes; final once the iterator ends."""
 
+    status: int = 0
+    content_type: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
@@ -88,44 +91,33 @@ class WorkerChannels:
         self._channels.clear()
 
 
-async def stream_text(
+async def stream_bytes(
     channels: WorkerChannels,
     address: str,
     request: pb.GenerateRequest,
-    stops: list[str],
     outcome: Outcome,
     metadata: Sequence[tuple[str, str]] = (),
     on_first: Callable[[], None] | None = None,
-) -> AsyncIterator[str]:
-    """Yield text deltas; ``outcome`` holds usage and the finish reason when it ends. ``metadata`` goes
+) -> AsyncIterator[bytes]:
+    """Yield the engine's response bytes as the worker sends them; ``outcome`` holds the status and
+    content type from the first chunk, and the counts and finish reason when it ends. ``metadata`` goes
     with the call (trace context); ``on_first`` runs when the worker's first message arrives."""
     stub, entry = channels.open(address)
     call = stub.Generate(request, metadata=tuple(metadata) or None)
-    held = ""  # text that could still be the start of a stop string
-    keep = max((len(s) for s in stops), default=1) - 1
     try:
         async for chunk in call:
-            if not outcome.received and on_first is not None:
-                on_first()
-            outcome.received = True
+            if not outcome.received:
+                outcome.received = True
+                outcome.status, outcome.content_type = chunk.status or 200, chunk.content_type
+                if on_first is not None:
+                    on_first()
             outcome.prompt_tokens = chunk.prompt_tokens
             outcome.completion_tokens = chunk.completion_tokens
-            held += chunk.text
-            cut = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                if held[:cut]:
-                    yield held[:cut]
-                outcome.finish_reason = "stop"
-                return
+            if chunk.data:
+                yield chunk.data
             if chunk.finish_reason:
-                if held:
-                    yield held
-                outcome.finish_reason = "stop" if chunk.finish_reason == "stop" else chunk.finish_reason
+                outcome.finish_reason = chunk.finish_reason
                 return
-            safe = len(held) - keep
-            if safe > 0:
-                yield held[:safe]
-                held = held[safe:]
         raise WorkerLost(f"worker {address} ended the stream without finishing")
     except grpc.aio.AioRpcError as exc:
         code = exc.code()

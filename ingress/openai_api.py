@@ -1,125 +1,64 @@
-"""OpenAI request shapes, their validation, and the error type: independent of the web framework's
-defaults, every refusal is OpenAI-shaped JSON with the right status, so the official client raises the
-right exception."""
+"""What the ingress reads of an OpenAI request: strict JSON, and the few fields admission needs (the
+model, the size to reserve and charge). The body itself goes to the worker as it came."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-
-class ApiError(Exception):
-    """An error to return as ``{"error": {...}}`` with ``status``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    include_usage: bool = False
-
+from common.openai_errors import ApiError
 
 INT32_MAX = 2**31 - 1
-INT64 = 2**63
+MAX_CHOICES = 16  # n / best_of
 
 
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints. Unknown fields are ignored, as OpenAI-compatible servers do.
-    Numbers are refused outside what the engine takes (NaN and infinities included), so that nothing
-    admitted can fail on its way to the worker."""
+class _Admission(BaseModel):
+    """The fields admission needs. Everything else is the engine's: its own OpenAI layer validates and
+    serves it (tools, structured outputs, logprobs, penalties...), so nothing is silently dropped."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)  # "yes" is not true, "5" not 5
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # "5" is not 5
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
-    stop: str | list[str] | None = None
-    n: int = 1
-    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
-    @field_validator("n")
+    def choices(self) -> int:
+        return max(self.n, self.best_of or 1)
+
+
+class ChatAdmission(_Admission):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+
+    @field_validator("messages")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
+    def _roles(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if any(not isinstance(m.get("role"), str) for m in messages):
+            raise ValueError("every message needs a role")
+        return messages
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        values = [stop] if isinstance(stop, str) else stop or []
-        if len(values) > 4 or any(not s for s in values):
-            raise ValueError("stop must be up to 4 non-empty strings")
-        return stop
-
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+    def asked_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+class CompletionAdmission(_Admission):
+    prompt: str | list[str] | list[int]
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        if isinstance(prompt, list) and len(prompt) != 1:
+    def _one_prompt(cls, prompt: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) != 1:
             raise ValueError("exactly one prompt is supported")
-        if not (prompt if isinstance(prompt, str) else prompt[0]):
+        if not prompt or prompt == [""]:
             raise ValueError("the prompt must not be empty")
         return prompt
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
-
-    def message_dicts(self) -> list[dict[str, str]]:
-        """The conversation as a chat template takes it."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def asked_max_tokens(self) -> int | None:
+        return self.max_tokens
 
 
 MAX_JSON_DEPTH = 32
@@ -162,7 +101,7 @@ def _check_text(text: str) -> None:
         raise ApiError(400, "the request has a string that is not valid Unicode (a lone surrogate)") from None
 
 
-def parse_body(model: type[_Sampling], body: Any) -> Any:
+def parse_body(model: type[_Admission], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -1,36 +1,63 @@
-"""From a parsed OpenAI request to what the dispatcher is asked to admit: the engine's prompt text, its
-token count (the engine's own tokenizer and chat template, through its plug-in), ``max_tokens`` (the
-default when absent), and the context check."""
+"""From an OpenAI request to what the dispatcher is asked to admit: its prompt tokens estimated as the
+engine will count them (its own tokenizer and chat template, tools included, through its plug-in), its
+output budget (``max_tokens``, the default when absent, for every choice), and the context check.
+
+The estimate only sizes the admission: the engine's exact count at start corrects the charge. A body
+the template cannot render (the engine's layer will refuse it with its own 400) is estimated from its
+text, so a malformed request never fails here with a 500.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
-from ingress.openai_api import ApiError, ChatRequest, CompletionRequest
+from common.openai_errors import ApiError
+from ingress.openai_api import ChatAdmission, CompletionAdmission
 from workers.engines import engine_for
 
+ROUGH_CHARS_PER_TOKEN = 3
 
-def context_limit(gateway: dict[str, Any]) -> int:
+
+def context_limit(gateway: dict[str, Any], workers: dict[str, Any]) -> int:
     """Prompt + max_tokens a request may ask for: the ingress limit, and the engine's when it is smaller."""
     limit = gateway["ingress"]["max_model_len"]
-    workers = gateway["workers"]
     engine_limit = engine_for(workers["engine"]).context_limit(workers["settings"])
     return min(limit, engine_limit) if engine_limit else limit
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What the dispatcher reserves and charges for: every choice holds the prompt and its outputs."""
+
+    prompt_tokens: int  # all choices
+    max_tokens: int  # all choices
+    choices: int
+
+
 class Prompting:
-    def __init__(self, gateway: dict[str, Any]) -> None:
-        workers = gateway["workers"]
+    def __init__(self, gateway: dict[str, Any], workers: dict[str, Any]) -> None:
         self._estimator = engine_for(workers["engine"]).prompts(workers["settings"])
         self._default_max_tokens = int(gateway["ingress"]["default_max_tokens"])
-        self.context_limit = context_limit(gateway)
+        self.context_limit = context_limit(gateway, workers)
 
-    def prepare(self, req: ChatRequest | CompletionRequest) -> tuple[str, int, int]:
-        """(prompt text, prompt tokens, max_tokens) of a request; 400 when it does not fit the context."""
-        chat = isinstance(req, ChatRequest)
-        prompt = self._estimator.chat_prompt(req.message_dicts()) if chat else req.prompt_text()
-        prompt_tokens = self._estimator.count(prompt, templated=chat)
-        max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens or self._default_max_tokens
+    def prompt_tokens(self, req: ChatAdmission | CompletionAdmission) -> int:
+        if isinstance(req, CompletionAdmission):
+            if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
+                return len(req.prompt)
+            text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+            return self._estimator.count(text, templated=False)
+        try:
+            prompt = self._estimator.chat_prompt(req.messages, req.tools)
+            return self._estimator.count(prompt, templated=True)
+        except Exception:  # not renderable: the engine's layer gives the client its own 400
+            return len(json.dumps(req.messages)) // ROUGH_CHARS_PER_TOKEN + 1
+
+    def admit(self, req: ChatAdmission | CompletionAdmission) -> Admitted:
+        """The admitted size of a request; 400 when it does not fit the context."""
+        prompt_tokens = self.prompt_tokens(req)
+        max_tokens = req.asked_max_tokens() or self._default_max_tokens
         limit = self.context_limit
         if prompt_tokens + max_tokens > limit:
             raise ApiError(
@@ -40,4 +67,5 @@ class Prompting:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        return prompt, prompt_tokens, max_tokens
+        n = req.choices()
+        return Admitted(prompt_tokens * n, max_tokens * n, n)

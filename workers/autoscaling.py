@@ -30,8 +30,10 @@ class DispatcherDemandPolicy:
         max_running_per_replica: int | None = None,
         target_utilization: float = 0.8,
         poll_interval_s: float = 0.5,
+        model: str | None = None,
     ) -> None:
         self._app = app
+        self._model = model
         self._capacity = ReplicaCapacity(kv_tokens_per_replica, max_running_per_replica, target_utilization)
         self._poll_interval_s = poll_interval_s
         self._latest: list[tuple[float, Demand]] = []  # the newest reading, written by the poller
@@ -50,13 +52,15 @@ class DispatcherDemandPolicy:
 
     def _ensure_polling(self) -> None:
         if self._thread is None:
-            args = (self._app, self._poll_interval_s, self._stop, self._latest)
+            args = (self._app, self._model, self._poll_interval_s, self._stop, self._latest)
             self._thread = threading.Thread(target=_poll, args=args, name="fairgate-demand-poll", daemon=True)
             self._thread.start()
             weakref.finalize(self, self._stop.set)  # stops when Serve replaces the policy
 
 
-def _poll(app: str, interval_s: float, stop: threading.Event, latest: list[tuple[float, Demand]]) -> None:
+def _poll(
+    app: str, model: str | None, interval_s: float, stop: threading.Event, latest: list[tuple[float, Demand]]
+) -> None:
     import ray
 
     from dispatcher.actor import dispatcher_name
@@ -68,7 +72,7 @@ def _poll(app: str, interval_s: float, stop: threading.Event, latest: list[tuple
                 raise RuntimeError("not in a Ray process")
             if actor is None:
                 actor = ray.get_actor(dispatcher_name(app), namespace="fairgate")
-            reading = ray.get(actor.demand.remote(), timeout=5.0)
+            reading = ray.get(actor.demand.remote(model), timeout=5.0)
             latest[:] = [(time.monotonic(), Demand(**reading))]
         except Exception as exc:  # no dispatcher yet, or it restarts: keep the current target
             log.debug("fairgate autoscaling: no demand reading: %s", exc)

@@ -1,7 +1,7 @@
-"""The worker replica as a Ray Serve deployment: one engine runner, its gRPC Worker server and its
-stream to the dispatcher. Serve adds and removes replicas; a removed replica says goodbye, takes no new
-work and finishes what it runs before it stops (``graceful_shutdown_timeout_s`` covers the longest
-generation)."""
+"""The worker replica as a Ray Serve deployment (one deployment per model pool): one engine runner,
+its gRPC Worker server and its stream to its model's pool in the dispatcher. Serve adds and removes
+replicas; a removed replica says goodbye, takes no new work and finishes what it runs before it stops
+(``graceful_shutdown_timeout_s`` covers the longest generation)."""
 
 from __future__ import annotations
 
@@ -25,16 +25,18 @@ from workers.worker import Worker
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class WorkerReplica:
-    async def __init__(self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str) -> None:
+    async def __init__(
+        self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str, model: str | None = None
+    ) -> None:
         configure_tracing(workers.get("telemetry"), "fairgate-worker")
         actor = get_or_create_dispatcher(app, dispatcher, secret)
-        await actor.address.remote()
+        await actor.address.remote(model)
 
         async def locate() -> str:  # asked again after every lost stream: a restarted dispatcher moves
-            return await actor.address.remote()
+            return await actor.address.remote(model)
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        runner = engine_for(workers["engine"]).runner(workers["settings"])
+        runner = engine_for(workers["engine"]).runner(workers["settings"], model)
         self.worker = Worker(worker_id, locate, secret.encode(), runner, host=bind_host())
         await self.worker.start()
 

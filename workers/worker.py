@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import json
 import logging
 import random
 import time
@@ -23,7 +25,9 @@ from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
-from workers.engines.interface import EngineRunner, GenerationParams, StepReport
+from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
+from workers.asgi_call import call_asgi
+from workers.engines.interface import Admission, ASGIApp, EngineRunner, StepReport, current_admission
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,7 @@ class _Running:
     max_tokens: int
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
     started: bool = False  # the engine started it (reported so)
+    finish: str = ""  # how the engine ended it, once reported
 
 
 class Worker:
@@ -79,6 +84,8 @@ class Worker:
         self._tasks: list[asyncio.Task] = []
         self._server: grpc.aio.Server | None = None
         self._tickets = TicketBook()  # tickets served: each once
+        self._salts: dict[str, str] = {}
+        self.openai_app: ASGIApp | None = None  # the engine's own OpenAI layer, once started
         self.address = ""
 
     # ------------------------------------------------------------------ lifecycle
@@ -90,6 +97,7 @@ class Worker:
         await self._server.start()
         self.address = f"{self._host}:{port}"
         await self.runner.start(self._on_step)
+        self.openai_app = await self.runner.openai_app()
         self._tasks = [asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher")]
         return self.address
 
@@ -130,6 +138,11 @@ class Worker:
         for rid, k in report.new_tokens.items():
             if rid in running:
                 running[rid].reported += k
+            elif rid in self._ended:  # its last step's report came after its stream ended
+                self._ended[rid][0].reported += k
+        for f in report.finished:
+            if f.id in running:
+                running[f.id].finish = f.reason
         self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
 
     def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
@@ -141,6 +154,21 @@ class Worker:
         ended[request_id] = (r, now)
         while ended and (len(ended) > ENDED_KEPT or next(iter(ended.values()))[1] < now - ENDED_KEPT_S):
             ended.popitem(last=False)
+
+    def settle_unreached(self, request_id: str) -> None:
+        """A request admitted here that never reached the engine (its body was refused): the dispatcher
+        frees what it reserved and refunds it now."""
+        finished = pb.Finished(request_id=request_id, output_tokens=0, reason="abort")
+        report = pb.StepReport(finished=[finished], free_tokens=self.runner.free_tokens())
+        self._outbox.put_nowait(pb.WorkerMessage(report=report))
+
+    def cache_salt(self, tenant: str) -> str:
+        salt = self._salts.get(tenant)
+        if salt is None:
+            if len(self._salts) > 100_000:
+                self._salts.clear()
+            salt = self._salts[tenant] = tenant_cache_salt(self._secret, tenant)
+        return salt
 
     def release(self, request_id: str) -> None:
         """The dispatcher aborted the request: stop generating for it (its stream ends with 'abort')."""
@@ -223,30 +251,30 @@ class _WorkerServicer(rpc.WorkerServicer):
         self.worker = worker
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        """Serve one admitted OpenAI request with the engine's own OpenAI layer and relay its bytes."""
         w = self.worker
         t = request.ticket
         fields = ticket_fields(t)
         now = time.time()
         problem = check(w._secret, fields, t.signature, w.worker_id, now)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
-        problem = check_size(fields, request.prompt_tokens, request.max_tokens)
+        if problem is None:
+            problem = check_size(fields, request.prompt_tokens, request.max_tokens)
         if problem is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
         if t.request_id in w._running:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, "this request is already running here")
+        path = ENDPOINT_PATHS.get(request.endpoint)
+        if path is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown endpoint {request.endpoint!r}")
         if not w._tickets.take(t.signature, t.expires_at, now):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this ticket was used already")
-        params = GenerationParams(
-            prompt=request.prompt,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed if request.has_seed else None,
-            stop=tuple(request.stop),
-            ignore_eos=request.ignore_eos,
-            templated=request.templated,
-        )
+        try:
+            body = admitted_body(json.loads(request.body), request.max_tokens, request.choices, request.endpoint)
+        except (ValueError, RecursionError) as exc:  # BodyRefused, or JSON the ingress let through
+            w.settle_unreached(t.request_id)
+            yield _refusal(400, str(exc) if isinstance(exc, BodyRefused) else "the request body is not valid JSON")
+            return
+        body["cache_salt"] = w.cache_salt(t.tenant)
         span = tracer().start_span(
             "fairgate.worker.generate",
             context=extract_context(context.invocation_metadata()),
@@ -260,46 +288,52 @@ class _WorkerServicer(rpc.WorkerServicer):
         w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
         if len(w.generated) > GENERATED_KEPT:
             w.generated.popitem(last=False)
-        w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
-        deltas = w.runner.generate(t.request_id, params)
-        held: list[str] = []  # final_only: the text so far, sent once at the end
-        first = True
-        completion_tokens = 0
+        running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
+        scope = contextvars.copy_context()
+        scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
+        response = None
+        assert w.openai_app is not None
         try:
-            async for delta in deltas:
-                completion_tokens = delta.completion_tokens
-                if request.final_only and not delta.finish_reason:
-                    held.append(delta.text)
-                    if not first:
-                        continue
-                    text = ""  # the first chunk only says "it started here" (then it must not run elsewhere)
-                else:
-                    text = "".join([*held, delta.text])
-                    held.clear()
-                first = False
-                yield pb.GenerateChunk(
-                    text=text,
-                    completion_tokens=delta.completion_tokens,
-                    prompt_tokens=delta.prompt_tokens,
-                    finish_reason=delta.finish_reason or "",
+            headers = {"content-type": "application/json", "x-request-id": t.request_id}
+            response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope)
+            first = True
+            async for piece in response.body:
+                chunk = pb.GenerateChunk(
+                    data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
                 )
-                if delta.finish_reason:
-                    return
-        except (ValueError, TypeError) as exc:  # the engine refused this request: it alone fails
-            log.warning("worker %s: the engine refused %s: %s", w.worker_id, t.request_id, exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the engine refused the request")
+                if first:
+                    chunk.status, chunk.content_type, first = response.status, response.content_type, False
+                yield chunk
+            await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
+            yield pb.GenerateChunk(
+                status=response.status if first else 0,
+                content_type=response.content_type if first else "",
+                completion_tokens=running.reported,
+                prompt_tokens=running.prompt_tokens,
+                finish_reason=running.finish or ("stop" if response.status < 400 else "error"),
+            )
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception:
             log.exception("worker %s: the engine failed on %s", w.worker_id, t.request_id)
             await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on the request")
         finally:
-            await deltas.aclose()  # type: ignore[attr-defined]  # aborts the request if it still runs
+            if response is not None:
+                await response.body.aclose()  # type: ignore[attr-defined]  # the client left: abort it now
             ended = w._running.pop(t.request_id, None)
-            if ended is not None:
-                w._remember_ended(t.request_id, ended, completion_tokens)
-            span.set_attribute("fairgate.completion_tokens", completion_tokens)
+            if not w.runner.pop_reached(t.request_id):
+                w.settle_unreached(t.request_id)
+            elif ended is not None:
+                w._remember_ended(t.request_id, ended, ended.reported)
+            span.set_attribute("fairgate.completion_tokens", running.reported)
             span.end()
+
+
+def _refusal(status: int, message: str) -> pb.GenerateChunk:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_request"}}
+    return pb.GenerateChunk(
+        data=json.dumps(body).encode(), status=status, content_type="application/json", finish_reason="error"
+    )
 
 
 def _announced(request_id: str, r: _Running) -> pb.RunningRequest:

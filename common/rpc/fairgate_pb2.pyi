@@ -153,41 +153,33 @@ class Ticket(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("ticket", "prompt", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "has_seed", "stop", "ignore_eos", "templated", "final_only")
+    __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices")
     TICKET_FIELD_NUMBER: _ClassVar[int]
-    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
-    TOP_P_FIELD_NUMBER: _ClassVar[int]
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
-    STOP_FIELD_NUMBER: _ClassVar[int]
-    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
-    TEMPLATED_FIELD_NUMBER: _ClassVar[int]
-    FINAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
     ticket: Ticket
-    prompt: str
+    endpoint: str
+    body: bytes
     prompt_tokens: int
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    has_seed: bool
-    stop: _containers.RepeatedScalarFieldContainer[str]
-    ignore_eos: bool
-    templated: bool
-    final_only: bool
-    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., prompt: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., templated: _Optional[bool] = ..., final_only: _Optional[bool] = ...) -> None: ...
+    choices: int
+    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., endpoint: _Optional[str] = ..., body: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., choices: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("text", "completion_tokens", "prompt_tokens", "finish_reason")
-    TEXT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("data", "status", "content_type", "completion_tokens", "prompt_tokens", "finish_reason")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
-    text: str
+    data: bytes
+    status: int
+    content_type: str
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str
-    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, data: _Optional[bytes] = ..., status: _Optional[int] = ..., content_type: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...

@@ -134,6 +134,7 @@ def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         changes["scheduler"] = {**config.scheduler, "policy": spec}
+    config = config.with_first(model=changes.pop("model", None), workers=changes.pop("workers", None))
     return config.model_copy(update=changes)
 
 
@@ -144,10 +145,15 @@ def _place_on_gpus(config: GatewayConfig) -> GatewayConfig:
 
     from workers.engines import engine_for
 
-    w = config.workers
-    if engine_for(w.engine).uses_gpus and w.num_gpus == 0 and ray.cluster_resources().get("GPU", 0):
-        return config.model_copy(update={"workers": w.model_copy(update={"num_gpus": 1.0})})
-    return config
+    if not ray.cluster_resources().get("GPU", 0):
+        return config
+    models = []
+    for m in config.models:
+        w = m.workers
+        if engine_for(w.engine).uses_gpus and w.num_gpus == 0:
+            m = m.model_copy(update={"workers": w.model_copy(update={"num_gpus": 1.0})})
+        models.append(m)
+    return config.with_models(models)
 
 
 def _kill_dispatcher(name: str) -> None:

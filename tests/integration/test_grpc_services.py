@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import grpc
@@ -44,12 +45,32 @@ async def shutdown(service, workers):
     await service.stop()
 
 
+def completion_request(
+    ticket: pb.Ticket, prompt: str, max_tokens: int, ignore_eos: bool = True, prompt_tokens: int = 0
+):
+    """Worker.Generate for a streamed text completion, as the ingress sends it: the raw body."""
+    body = {"model": "sim", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos, "stream": True}
+    return pb.GenerateRequest(
+        ticket=ticket,
+        endpoint="completions",
+        body=json.dumps(body).encode(),
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        choices=1,
+    )
+
+
 async def generate(placement: Placement, prompt: str, max_tokens: int, ignore_eos: bool = True):
     async with grpc.aio.insecure_channel(placement.address) as channel:
-        request = pb.GenerateRequest(
-            ticket=placement.ticket_message(), prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos
-        )
+        request = completion_request(placement.ticket_message(), prompt, max_tokens, ignore_eos)
         return [c async for c in rpc.WorkerStub(channel).Generate(request)]
+
+
+def text_of(data: bytes | list[bytes]) -> str:
+    """The text of a streamed completion's server-sent events."""
+    raw = b"".join(data) if isinstance(data, list) else data
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    return "".join(json.loads(e)["choices"][0]["text"] for e in events if e != "[DONE]" and json.loads(e)["choices"])
 
 
 def test_submit_assign_generate_and_account_exactly():
@@ -62,7 +83,8 @@ def test_submit_assign_generate_and_account_exactly():
         chunks = await generate(placement, prompt, 12)
         assert chunks[-1].finish_reason == "length"
         assert chunks[-1].completion_tokens == 12 and chunks[-1].prompt_tokens == n_prompt
-        assert count_tokens("".join(c.text for c in chunks)) == 12
+        assert chunks[0].status == 200 and chunks[0].content_type.startswith("text/event-stream")
+        assert count_tokens(text_of([c.data for c in chunks])) == 12
         for _ in range(100):  # the finish report may trail the last chunk by a step
             if not service.scheduler.in_flight():
                 break
@@ -364,37 +386,35 @@ def test_a_released_assignment_frees_its_reservation_at_once():
 def test_one_request_failing_on_a_worker_never_ends_another_stream_on_the_same_channel():
     """The ingress shares one channel per worker: a call refused by the worker (a bad ticket) or ended
     by its client must leave every other call on that channel streaming."""
-    from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_text
+    from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
 
     async def scenario():
         service, workers = await cluster()
         channels = WorkerChannels()
         long = await service.submit("long", "alice", 3, 200)
         outcome = Outcome()
-        request = pb.GenerateRequest(
-            ticket=long.ticket_message(), prompt="one two three", prompt_tokens=3, max_tokens=200, ignore_eos=True
-        )
-        stream = stream_text(channels, long.address, request, [], outcome)
+        request = completion_request(long.ticket_message(), "one two three", 200, prompt_tokens=3)
+        stream = stream_bytes(channels, long.address, request, outcome)
         pieces = [await anext(stream)]
         for tamper in ("signature", "too large"):
             bad = await service.submit(f"bad-{tamper}", "mallory", 3, 5)
             ticket = bad.ticket_message()
             if tamper == "signature":
                 ticket.signature = b"x" * 32
-            bad_request = pb.GenerateRequest(ticket=ticket, prompt="hi", max_tokens=5 if tamper == "signature" else 50)
-            failing = stream_text(channels, bad.address, bad_request, [], Outcome())
+            bad_request = completion_request(ticket, "hi", 5 if tamper == "signature" else 50)
+            failing = stream_bytes(channels, bad.address, bad_request, Outcome())
             with pytest.raises(WorkerLost) as err:
                 await anext(failing)
             assert workers[0].address not in str(err.value) and "PERMISSION" not in str(err.value)
             service.release(bad.request_id)
         quitter = await service.submit("quitter", "bob", 3, 200)
-        q = pb.GenerateRequest(ticket=quitter.ticket_message(), prompt="a b c", prompt_tokens=3, max_tokens=200)
-        leaving = stream_text(channels, quitter.address, q, [], Outcome())
+        q = completion_request(quitter.ticket_message(), "a b c", 200, ignore_eos=False, prompt_tokens=3)
+        leaving = stream_bytes(channels, quitter.address, q, Outcome())
         await anext(leaving)
         await leaving.aclose()  # its client left
         pieces += [piece async for piece in stream]
         assert outcome.finish_reason == "length" and outcome.completion_tokens == 200
-        assert count_tokens("".join(pieces)) == 200
+        assert count_tokens(text_of(pieces)) == 200
         await channels.close()
         await shutdown(service, workers)
 

@@ -3,9 +3,11 @@ through which the rest of the gateway learns what it needs of an engine (DESIGN 
 plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks the plug-in.
 
 - ``EngineRunner``: one engine behind a worker replica. The worker shell (``workers.worker``) owns the
-  gRPC parts: it checks tickets, streams deltas to the ingress and sends one report per engine step to
-  the dispatcher; a runner turns a request into a stream of deltas and calls ``on_step`` once per
-  engine step with what that step did (a ``StepReport``).
+  gRPC parts: it checks tickets, enforces what they admitted, relays the engine's response bytes to the
+  ingress and sends one report per engine step to the dispatcher; a runner turns a request into a
+  stream of deltas, calls ``on_step`` once per engine step with what that step did (a ``StepReport``),
+  and serves the engine's own OpenAI layer (``openai_app``: an ASGI app the worker drives in-process).
+  The layer learns which admitted request it serves from ``current_admission``.
 - ``PromptEstimator``: the ingress turns a request into the engine's prompt and counts its tokens, as
   the engine will, before the dispatcher charges them.
 - ``EnginePlugin``: validates the engine's settings and builds its runner and prompt estimator; says
@@ -14,9 +16,28 @@ plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+ASGIApp = Callable[
+    [dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The request the worker admitted under a ticket: the engine's request id (reports, aborts) and
+    the tenant's prefix-cache salt. Set in ``current_admission`` while the OpenAI layer serves it."""
+
+    request_id: str
+    tenant: str
+    cache_salt: str = ""
+
+
+current_admission: ContextVar[Admission | None] = ContextVar("fairgate_admission", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +113,24 @@ class EngineRunner(Protocol):
         """False once the engine has failed for good (the replica is then replaced)."""
         ...
 
+    async def openai_app(self) -> ASGIApp:
+        """The engine's own OpenAI layer over this runner (after ``start``): ``/v1/chat/completions`` and
+        ``/v1/completions``. Every generation it starts uses ``current_admission``'s request id."""
+        ...
+
+    def pop_reached(self, request_id: str) -> bool:
+        """Whether a generation under this id was handed to the engine (forgotten once asked): a request
+        the layer refused before that never reached it, and the worker settles it as aborted."""
+        ...
+
     async def stop(self) -> None: ...
 
 
 class PromptEstimator(Protocol):
     """The engine's prompt for a request, and its token count, as the engine will see them."""
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The chat template applied to the messages, ending with the assistant's turn."""
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The chat template applied to the messages (and tools), ending with the assistant's turn."""
         ...
 
     def count(self, text: str, templated: bool) -> int:
@@ -128,7 +159,8 @@ class EnginePlugin:
         """The settings with the command line's ``--model`` / ``--kv-tokens`` applied."""
         raise NotImplementedError
 
-    def runner(self, settings: Settings) -> EngineRunner:
+    def runner(self, settings: Settings, served_model: str | None = None) -> EngineRunner:
+        """The engine of one replica; ``served_model``: the name its OpenAI layer answers to."""
         raise NotImplementedError
 
     def prompts(self, settings: Settings) -> PromptEstimator:

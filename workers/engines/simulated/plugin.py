@@ -23,7 +23,7 @@ class SimulatedPlugin(EnginePlugin):
             settings = {**settings, "kv_tokens": kv_tokens}
         return self.settings(settings)
 
-    def runner(self, settings: Settings) -> EngineRunner:
+    def runner(self, settings: Settings, served_model: str | None = None) -> EngineRunner:
         from workers.engines.simulated.model import SimulatedEngine
         from workers.engines.simulated.runner import SimulatedRunner
         from workers.engines.simulated.steptime import StepTimeModel

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from workers.engines.interface import Delta, GenerationParams, StepCallback, StepReport
+from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCallback, StepReport
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from workers.engines.simulated.tokenizer import count_tokens, natural_length, stable_seed, token_text
 
@@ -25,6 +25,7 @@ class SimulatedRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._on_step: StepCallback = lambda _report: None
+        self._reached: set[str] = set()  # generations handed to the engine, until the worker asks
 
     def free_tokens(self) -> int:
         return self.engine.free_tokens
@@ -38,6 +39,17 @@ class SimulatedRunner:
     def abort(self, request_id: str) -> None:
         if self.engine.abort(request_id):
             self._wake.set()
+
+    async def openai_app(self) -> ASGIApp:
+        from workers.engines.simulated.openai_layer import build_openai_app
+
+        return build_openai_app(self)
+
+    def pop_reached(self, request_id: str) -> bool:
+        if request_id in self._reached:
+            self._reached.discard(request_id)
+            return True
+        return False
 
     async def start(self, on_step: StepCallback) -> None:
         self._on_step = on_step
@@ -60,6 +72,9 @@ class SimulatedRunner:
         target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))
         queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
         self._queues[request_id] = queue
+        if len(self._reached) > 100_000:  # the worker asks after each request; bounded regardless
+            self._reached.clear()
+        self._reached.add(request_id)
         self.engine.add(EngineRequest(request_id, prompt_tokens, params.max_tokens, target))
         self._wake.set()
         generated = 0

@@ -34,10 +34,10 @@ class VllmPlugin(EnginePlugin):
             vllm["kv_tokens"] = kv_tokens
         return self.settings({**settings, "vllm": vllm})
 
-    def runner(self, settings: Settings) -> EngineRunner:
+    def runner(self, settings: Settings, served_model: str | None = None) -> EngineRunner:
         from workers.engines.vllm.runner import VllmRunner
 
-        return VllmRunner(VllmSettings.from_dict(settings["vllm"]))
+        return VllmRunner(VllmSettings.from_dict(settings["vllm"]), served_model)
 
     def prompts(self, settings: Settings) -> PromptEstimator:
         from workers.engines.vllm.prompts import HuggingFacePrompts

@@ -3,6 +3,8 @@ vLLM will (a templated prompt is tokenized without adding special tokens again).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class HuggingFacePrompts:
     def __init__(self, model_path: str) -> None:
@@ -10,8 +12,8 @@ class HuggingFacePrompts:
 
         self._tokenizer = AutoTokenizer.from_pretrained(model_path)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        return self._tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
     def count(self, text: str, templated: bool) -> int:
         return len(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])

@@ -34,8 +34,9 @@ class _Pending:
 
 
 class VllmRunner:
-    def __init__(self, settings: VllmSettings) -> None:
+    def __init__(self, settings: VllmSettings, served_model: str | None = None) -> None:
         self.settings = settings
+        self.served_model = served_model or settings.model
         self.kv_tokens = 0
         self.block_size = 0
         self.max_running: int | None = None
@@ -45,6 +46,8 @@ class VllmRunner:
         self._flush_scheduled = False
         self._last_flush = time.monotonic()
         self._active: set[str] = set()  # submitted and not yet finished
+        self._reached: set[str] = set()  # handed to the engine, until the worker asks
+        self._engine_ids: dict[str, str] = {}  # admitted id -> the id vLLM's serving layer gave it
         self._free_blocks = 0
         self._running = 0
         self._waiting = 0
@@ -56,7 +59,7 @@ class VllmRunner:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._on_step = on_step
-        args = self.settings.async_engine_args()
+        args = self.settings.async_engine_args(self.served_model)
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger])
         cache = self.llm.vllm_config.cache_config
         usable_blocks = int(cache.num_gpu_blocks) - 1  # vLLM keeps one block aside (the null block)
@@ -96,9 +99,11 @@ class VllmRunner:
 
     def abort(self, request_id: str) -> None:
         if request_id in self._active and self.llm is not None:
-            asyncio.get_running_loop().create_task(self.llm.abort(request_id))
+            engine_id = self._engine_ids.get(request_id, request_id)
+            asyncio.get_running_loop().create_task(self.llm.abort(engine_id))
 
     async def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
+        """Profiling and benchmarks drive the engine directly (no OpenAI layer): deltas of the text."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -117,37 +122,63 @@ class VllmRunner:
             tokenization = {"add_special_tokens": False} if params.templated else None
         else:
             prompt, tokenization = TokensPrompt(prompt_token_ids=list(params.prompt)), None
+        stream = self.llm.generate(prompt, sampling, request_id, tokenization_kwargs=tokenization)
+        generated = 0
+        async for out in self.tracked(request_id, stream, 1):
+            completion = out.outputs[0] if out.outputs else None
+            generated += len(completion.token_ids) if completion is not None else 0
+            reason = _finish_reason(completion.finish_reason if completion is not None else None, out.finished)
+            prompt_tokens = len(out.prompt_token_ids or ())
+            yield Delta(completion.text if completion is not None else "", generated, prompt_tokens, reason)
+            if reason is not None:
+                return
+
+    async def tracked(self, request_id: str, stream: AsyncIterator[Any], choices: int) -> AsyncIterator[Any]:
+        """vLLM's delta outputs of one request, counted for the per-step reports as they pass: its
+        exact prompt tokens when it starts (``choices`` sequences each hold the prompt), the output
+        tokens of every sequence, and how it finished. Closing early aborts it in the engine."""
         self._active.add(request_id)
+        self._reached.add(request_id)
         prompt_tokens = generated = 0
         finished = False
         try:
-            stream = self.llm.generate(prompt, sampling, request_id, tokenization_kwargs=tokenization)
             async for out in stream:
                 pending = self._pending
                 if not prompt_tokens:
-                    prompt_tokens = len(out.prompt_token_ids or ())
+                    prompt_tokens = len(out.prompt_token_ids or ()) * choices
                     pending.started[request_id] = prompt_tokens
-                completion = out.outputs[0] if out.outputs else None
-                k = len(completion.token_ids) if completion is not None else 0
+                k = sum(len(c.token_ids) for c in out.outputs)
                 if k:
                     generated += k
                     pending.new_tokens[request_id] = pending.new_tokens.get(request_id, 0) + k
-                reason = _finish_reason(completion.finish_reason if completion is not None else None, out.finished)
-                if reason is not None:
+                if out.finished:
                     finished = True
-                    self._finish(request_id, generated, reason)
-                yield Delta(completion.text if completion is not None else "", generated, prompt_tokens, reason)
-                if reason is not None:
-                    return
+                    reasons = [c.finish_reason for c in out.outputs]
+                    self._finish(request_id, generated, _finish_reason(reasons[0] if reasons else None, True) or "stop")
+                yield out
         finally:
             if not finished:  # the caller left (or the engine failed): stop generating now
                 if not prompt_tokens:  # prefilled, though no output reached us: the prompt stays charged
-                    scheduled = self.scheduled_prompt_tokens(request_id)
+                    scheduled = self.scheduled_prompt_tokens(request_id) * choices
                     if scheduled:
                         self._pending.started[request_id] = scheduled
                 if self.llm is not None:
-                    await self.llm.abort(request_id)
+                    await self.llm.abort(self._engine_ids.get(request_id, request_id))
                 self._finish(request_id, generated, "abort")
+            self._engine_ids.pop(request_id, None)
+
+    def pop_reached(self, request_id: str) -> bool:
+        if request_id in self._reached:
+            self._reached.discard(request_id)
+            return True
+        return False
+
+    async def openai_app(self) -> Any:
+        """vLLM's own OpenAI server app over this engine (as ``vllm serve`` builds it, with the
+        settings' ``serve_args``); its generations go through ``AccountedEngine``."""
+        from workers.engines.vllm.openai_layer import build_vllm_app
+
+        return await build_vllm_app(self)
 
     def scheduled_prompt_tokens(self, request_id: str) -> int:
         """The prompt's tokens once vLLM's scheduler has taken the request (its prefill is under way or

@@ -35,6 +35,9 @@ class VllmSettings(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool | None = None  # None: eager on CPU (no compiler there), compiled on GPU
     extra_args: dict[str, Any] = Field(default_factory=dict)  # anything else, passed to AsyncEngineArgs
+    # vLLM's own OpenAI layer, as on `vllm serve`'s command line: e.g. ["--enable-auto-tool-choice",
+    # "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
+    serve_args: list[str] = Field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -55,8 +58,28 @@ class VllmSettings(BaseModel):
     def model_path(self) -> str:
         return str(ensure_model(self.model)) if self.model in SHAPES else self.model
 
-    def async_engine_args(self) -> Any:
+    def async_engine_args(self, served_model: str | None = None) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(**self.engine_arg_values(served_model))
+
+    def serve_cli_args(self, served_model: str | None = None) -> list[str]:
+        """``vllm serve``'s command line for exactly this engine and OpenAI layer (the worker builds its
+        layer from it; benchmarks start vLLM's own server with it)."""
+        args: list[str] = []
+        for name, value in self.engine_arg_values(served_model).items():
+            flag = "--" + name.replace("_", "-")
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, dict | list):
+                args += [flag, json.dumps(value)]
+            else:
+                args += [flag, str(value)]
+        return [*args, *self.serve_args]
+
+    def engine_arg_values(self, served_model: str | None = None) -> dict[str, Any]:
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
@@ -64,7 +87,7 @@ class VllmSettings(BaseModel):
         args: dict[str, Any] = {
             "model": path,
             "tokenizer": path,
-            "served_model_name": self.model,
+            "served_model_name": served_model or self.model,
             "load_format": self.load_format or ("dummy" if self.model in SHAPES else "auto"),
             "dtype": self.dtype,
             "disable_log_stats": False,  # the per-step stat logger is how reports learn of each step
@@ -92,7 +115,7 @@ class VllmSettings(BaseModel):
             args["enable_chunked_prefill"] = False
             args["max_num_batched_tokens"] = max(2048, args.get("max_model_len") or _max_position(path))
         args.update(self.extra_args)
-        return AsyncEngineArgs(**args)
+        return args
 
 
 def _hf_config(path: str) -> dict[str, Any]:

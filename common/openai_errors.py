@@ -1,0 +1,33 @@
+"""OpenAI's error shape, shared by the ingress (admission, auth, limits) and the engines' own OpenAI
+layers: every refusal is ``{"error": {...}}`` with the right status, so the official client raises the
+right exception."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+
+class ApiError(Exception):
+    """An error to return as ``{"error": {...}}`` with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)

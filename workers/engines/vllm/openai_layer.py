@@ -1,0 +1,78 @@
+"""vLLM's own OpenAI layer on a fairgate worker: the app ``vllm serve`` builds (chat, completions and
+the rest of its serving layer, tool and reasoning parsers and structured outputs as configured), over
+the worker's ``AsyncLLM``, driven in-process by the worker for each admitted request.
+
+Its generations pass through ``AccountedEngine``: the engine request takes the admitted request's id
+(reports and the dispatcher's aborts find it), its tokens are counted per engine step as they are
+generated (non-streaming requests too: vLLM is asked for deltas, gathered into the final output the
+serving layer expects), and it gets the tenant's prefix-cache salt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from workers.engines.interface import current_admission
+
+
+class AccountedEngine:
+    """The engine client vLLM's serving layer sees: ``AsyncLLM`` itself, except that ``generate`` is
+    the admitted request's, counted."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+        self._llm = runner.llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
+        from vllm.sampling_params import RequestOutputKind
+
+        admission = current_admission.get()
+        if admission is None:  # not through a worker's admission: nothing to account for
+            async for out in self._llm.generate(prompt, sampling_params, request_id, **kwargs):
+                yield out
+            return
+        rid = admission.request_id
+        wanted = sampling_params.output_kind
+        sampling_params.output_kind = RequestOutputKind.DELTA  # every step's tokens, to report them
+        self._runner._engine_ids[rid] = request_id
+        stream = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
+        choices = max(1, int(getattr(sampling_params, "n", 1) or 1))
+        gathered = None
+        async for out in self._runner.tracked(rid, stream, choices):
+            if wanted == RequestOutputKind.DELTA:
+                yield out
+                continue
+            if gathered is None:
+                gathered = out
+            else:
+                gathered.add(out, aggregate=True)
+            if wanted == RequestOutputKind.CUMULATIVE or out.finished:
+                yield gathered
+
+
+def serve_namespace(settings: Any, served_model: str) -> Any:
+    """The arguments ``vllm serve`` would have for these settings: the engine's own, plus ``serve_args``
+    (tool and reasoning parsers, chat template options...) exactly as on its command line."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(settings.serve_cli_args(served_model))
+    validate_parsed_serve_args(args)
+    return args
+
+
+async def build_vllm_app(runner: Any) -> Any:
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+
+    args = serve_namespace(runner.settings, runner.served_model)
+    engine = AccountedEngine(runner)
+    tasks = await runner.llm.get_supported_tasks()
+    app = build_app(args, tasks, runner.llm.model_config)
+    await init_app_state(engine, app.state, args, tasks)
+    return app
