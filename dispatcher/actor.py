@@ -35,8 +35,9 @@ FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-an
 
 def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
     """The part of the gateway configuration the dispatcher is created from."""
+    models = gateway.get("models") or [gateway.get("model", "")]
     return {
-        "models": [m["name"] for m in gateway.get("models") or [{"name": gateway.get("model", "")}]],
+        "models": [m if isinstance(m, str) else m["name"] for m in models],
         "scheduler": gateway["scheduler"],
         "tenants": gateway["tenants"],
         "state": gateway.get("state") or {},

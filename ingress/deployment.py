@@ -52,6 +52,17 @@ def _ticket(placement: dict[str, Any]) -> pb.Ticket:
     return ticket_message(TicketFields(**placement["ticket"]), placement["signature"])
 
 
+class RelayResponse(StreamingResponse):
+    """A streamed answer whose byte iterator is closed however the response ends: Starlette leaves it
+    suspended when the client disconnects (the worker's call would then never end)."""
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
 def _sse_error(error: ApiError) -> bytes:
     """A failure after the stream began: a last event the client can read, then the end."""
     return f"data: {json.dumps(error.body())}\n\ndata: [DONE]\n\n".encode()
@@ -241,7 +252,7 @@ class Ingress:
             raise
         if outcome.content_type.startswith("text/event-stream"):
             events = self._relay(pool.name, rid, first, data, outcome, trace)
-            return StreamingResponse(events, status_code=outcome.status, media_type=outcome.content_type)
+            return RelayResponse(events, status_code=outcome.status, media_type=outcome.content_type)
         try:
             content = first + b"".join([piece async for piece in data])
         except WorkerLost as exc:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import statistics
 import time
@@ -194,11 +195,14 @@ async def _alternate(
 async def _direct_first_token(stub: rpc.WorkerStub, worker_id: str, secret: bytes, rid: str) -> float:
     fields = TicketFields(rid, "bench", worker_id, time.time() + 30, prompt_tokens=1, max_tokens=1)
     ticket = ticket_message(fields, sign(secret, fields))
-    request = pb.GenerateRequest(ticket=ticket, prompt="hello", prompt_tokens=1, max_tokens=1, ignore_eos=True)
+    body = {"model": "bench", "prompt": "hello", "max_tokens": 1, "stream": True, "ignore_eos": True}
+    request = pb.GenerateRequest(
+        ticket=ticket, endpoint="completions", body=json.dumps(body).encode(), prompt_tokens=1, max_tokens=1, choices=1
+    )
     t0 = time.perf_counter()
     call = stub.Generate(request)
     async for chunk in call:
-        if chunk.text:
+        if b'"text":"' in chunk.data.replace(b": ", b":") and b'"text":""' not in chunk.data.replace(b": ", b":"):
             break
     elapsed = time.perf_counter() - t0
     call.cancel()

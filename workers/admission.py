@@ -54,6 +54,8 @@ def admitted_body(body: Any, max_tokens: int, choices: int, endpoint: str) -> di
     gone. ``max_tokens``: output tokens admitted for all choices together."""
     if not isinstance(body, dict):
         raise BodyRefused("the request body must be a JSON object")
+    if body.get("use_beam_search"):  # a search of many sequences the admission never sized
+        raise BodyRefused("beam search is not served through the gateway")
     asked = choices_of(body)
     if asked > max(1, choices):
         raise BodyRefused(f"the request asks for {asked} choices; {choices} were admitted")

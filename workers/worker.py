@@ -294,7 +294,11 @@ class _WorkerServicer(rpc.WorkerServicer):
         response = None
         assert w.openai_app is not None
         try:
-            headers = {"content-type": "application/json", "x-request-id": t.request_id}
+            # the engine's layer names its response after this (vLLM: "chatcmpl-" + it): the gateway's id
+            headers = {
+                "content-type": "application/json",
+                "x-request-id": t.request_id.partition("-")[2] or t.request_id,
+            }
             response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope)
             first = True
             async for piece in response.body:

@@ -37,6 +37,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     vb.add_argument("--num-gpus", type=float, default=0.0, help="GPUs for the gateway's vLLM worker")
     vb.add_argument("--eager", action="store_true", help="no CUDA graphs / compilation (starts faster)")
     vb.set_defaults(bench=_vllm)
+    ob = targets.add_parser("openai", help="the gateway against its engine's own OpenAI server, side by side")
+    ob.add_argument("--engine", choices=("simulated", "vllm"), default="simulated")
+    ob.add_argument("--model", default=None, help="vLLM model (default tiny); the simulated engine: fairgate-sim")
+    ob.add_argument("--kv-tokens", type=int, default=None, help="KV pool (vLLM default 8192, simulated 1,000,000)")
+    ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
+    ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
+    ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
+    ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    ob.add_argument("--step-ms", type=float, default=1.0, help="the simulated engine's step time")
+    ob.add_argument("--json", default=None, help="also write the figures to this file")
+    ob.set_defaults(bench=_openai)
     return bench
 
 
@@ -116,6 +127,51 @@ def _gateway(args: argparse.Namespace) -> int:
         f"p90 {ttft['overhead_p90_ms']:.1f} ms (tracing's share of it: "
         f"{100 * spans['on'] / 1000 / ttft['overhead_p50_ms']:.1f}%)"
     )
+    return 0
+
+
+def _openai(args: argparse.Namespace) -> int:
+    import json
+
+    from common.loopback import ray_environment
+
+    ray_environment()
+    from loadgen.bench_openai import OpenAIBenchConfig, bench_openai
+
+    if min(args.concurrency, args.requests, args.max_tokens, args.max_num_seqs) < 1 or args.step_ms < 0:
+        raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
+    if args.engine == "vllm":
+        vllm = {"model": args.model or "tiny", "kv_tokens": args.kv_tokens or 8192, "max_num_seqs": args.max_num_seqs}
+        config = OpenAIBenchConfig("vllm", {"vllm": vllm}, vllm["model"])
+    else:
+        step = {"step_overhead_s": args.step_ms / 1000, "prefill_per_token_s": 0.0}
+        step |= {"decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0}
+        settings = {"kv_tokens": args.kv_tokens or 1_000_000, "block_size": 1, "step_model": step}
+        config = OpenAIBenchConfig("simulated", settings, "fairgate-sim")
+    config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
+    out = bench_openai(config)
+    a, g, r = out["alone"], out["gateway"], out["ratio"]
+    alone = "vLLM's own server" if args.engine == "vllm" else "engine layer alone"
+    print(
+        f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
+        f"{args.requests} requests per arm; light load: 1 stream; short: 1-token completions, 16 at once"
+    )
+    print(
+        f"{'':<20} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
+    )
+    for label, row in ((alone, a), ("through fairgate", g)):
+        print(
+            f"{label:<20} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms {row['ttft_p99_ms']:>7.1f}ms "
+            f"{row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} {row['errors']:>7}"
+        )
+    print(
+        f"fairgate / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
+        f"{r['short_requests_per_s']:.2f}x short requests/s; TTFT p50 +{r['ttft_p50_ms_overhead']:.1f} ms loaded, "
+        f"+{r['light_ttft_p50_ms_overhead']:.1f} ms at light load"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
     return 0
 
 

@@ -29,9 +29,10 @@ class Gateway:
     raw: dict[str, Any]
     admin_key: str = ""
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, model: str | None = None) -> dict[str, Any]:
+        """The dispatcher's stats of one model pool (None: the first model's)."""
         actor = ray.get_actor(dispatcher_name(self.name), namespace="fairgate")
-        return ray.get(actor.stats.remote())
+        return ray.get(actor.stats.remote(model))
 
     def redeploy(self, workers: int) -> None:
         raw = dict(self.raw, workers={**self.raw["workers"], "count": workers})
@@ -62,8 +63,11 @@ def deploy(
     autoscaling: dict[str, Any] | None = None,
     telemetry: dict[str, Any] | None = None,
     ingress_replicas: int = 1,
+    models: list[dict[str, Any]] | None = None,
 ) -> Gateway:
-    """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given."""
+    """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given.
+    ``models``: several pools instead, each ``{name, tenants, workers}`` whose workers update the
+    simulated ones above."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -97,6 +101,10 @@ def deploy(
         "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
         "admin_api_key": admin_key,
     }
+    if models is not None:
+        base = raw.pop("workers")
+        del raw["model"]
+        raw["models"] = [{**m, "workers": {**base, **m.get("workers", {})}} for m in models]
     config, _ = parse_config(raw)
     secret = secrets.token_hex(16)
     serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")

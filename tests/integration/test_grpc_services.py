@@ -475,3 +475,58 @@ def test_a_worker_whose_stream_is_cut_while_it_lives_runs_nothing_twice_and_coun
         await shutdown(service, workers)
 
     asyncio.run(scenario())
+
+
+def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
+    """The body travels as the client wrote it: whatever it says of max_tokens, the request id or the
+    cache salt, the worker serves the admitted size under the gateway's id."""
+
+    async def scenario():
+        service, workers = await cluster()
+        placement = await service.submit("r-admitted", "alice", 3, 5)
+        body = {
+            "model": "sim",
+            "prompt": "one two three",
+            "max_tokens": 500,
+            "ignore_eos": True,
+            "request_id": "chosen-by-client",
+            "cache_salt": "someone-elses",
+        }
+        request = pb.GenerateRequest(
+            ticket=placement.ticket_message(),
+            endpoint="completions",
+            body=json.dumps(body).encode(),
+            prompt_tokens=3,
+            max_tokens=5,
+            choices=1,
+        )
+        async with grpc.aio.insecure_channel(placement.address) as channel:
+            chunks = [c async for c in rpc.WorkerStub(channel).Generate(request)]
+        answer = json.loads(b"".join(c.data for c in chunks))
+        assert answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["finish_reason"] == "length"
+        assert answer["id"] == "r-admitted" and "chosen-by-client" not in workers[0].generated
+        for _ in range(100):
+            if not service.scheduler.in_flight():
+                break
+            await asyncio.sleep(0.01)
+        assert service.stats()["tenants"]["alice"]["output_tokens"] == 5
+        refused = await service.submit("r-refused", "alice", 3, 5)  # a body the engine's layer refuses
+        bad = pb.GenerateRequest(
+            ticket=refused.ticket_message(),
+            endpoint="completions",
+            body=json.dumps({"model": "sim", "prompt": "hi", "max_tokens": 5, "temperature": 9}).encode(),
+            prompt_tokens=3,
+            max_tokens=5,
+            choices=1,
+        )
+        async with grpc.aio.insecure_channel(refused.address) as channel:
+            chunks = [c async for c in rpc.WorkerStub(channel).Generate(bad)]
+        assert chunks[0].status == 400 and json.loads(b"".join(c.data for c in chunks))["error"]["param"]
+        for _ in range(100):  # never reached the engine: freed and refunded at once
+            if not service.scheduler.in_flight():
+                break
+            await asyncio.sleep(0.01)
+        assert not service.scheduler.in_flight() and service.scheduler.workers["w0"].committed == 0
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())

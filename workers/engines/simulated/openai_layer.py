@@ -6,6 +6,7 @@ admission, never from the body."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,7 +72,7 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
             raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
         req = parse_body(ChatRequest if chat else CompletionRequest, body)
         admission = current_admission.get()
-        rid = admission.request_id if admission is not None else request.headers.get("x-request-id", "sim")
+        rid = admission.request_id if admission is not None else "cmpl-" + uuid.uuid4().hex  # served alone
         prompt = prompts.chat_prompt(req.message_dicts()) if chat else req.prompt_text()
         max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens or default_max_tokens
         params = GenerationParams(

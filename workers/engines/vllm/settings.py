@@ -66,18 +66,24 @@ class VllmSettings(BaseModel):
     def serve_cli_args(self, served_model: str | None = None) -> list[str]:
         """``vllm serve``'s command line for exactly this engine and OpenAI layer (the worker builds its
         layer from it; benchmarks start vLLM's own server with it)."""
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        known = make_arg_parser(FlexibleArgumentParser())._option_string_actions
         args: list[str] = []
         for name, value in self.engine_arg_values(served_model).items():
             flag = "--" + name.replace("_", "-")
             if value is None:
                 continue
             if isinstance(value, bool):
-                args.append(flag if value else "--no-" + flag[2:])
+                negated = "--no-" + flag[2:]
+                if value or negated in known:  # a false store_true flag is its default: left out
+                    args.append(flag if value else negated)
             elif isinstance(value, dict | list):
                 args += [flag, json.dumps(value)]
             else:
                 args += [flag, str(value)]
-        return [*args, *self.serve_args]
+        return ["--model", *args[args.index("--model") + 1 :][:1], *_without(args, "--model"), *self.serve_args]
 
     def engine_arg_values(self, served_model: str | None = None) -> dict[str, Any]:
         from vllm.platforms import current_platform
@@ -116,6 +122,11 @@ class VllmSettings(BaseModel):
             args["max_num_batched_tokens"] = max(2048, args.get("max_model_len") or _max_position(path))
         args.update(self.extra_args)
         return args
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    i = args.index(flag)
+    return args[:i] + args[i + 2 :]
 
 
 def _hf_config(path: str) -> dict[str, Any]:

@@ -1,0 +1,234 @@
+"""``fairgate bench openai``: the gateway against its engine's own OpenAI server, same engine, one run.
+
+The same real client (streaming chat with usage, closed loops) is driven at the engine served alone,
+then through the whole gateway (HTTP -> front door -> ingress -> dispatcher -> worker, whose engine
+layer writes the bytes the ingress relays) to one worker with the same settings. For vLLM the engine
+served alone is vLLM's own OpenAI server (``loadgen.vllm_server``), for the simulated engine its own
+layer under uvicorn (``workers.engine_server``). Each arm runs alone on the machine. Figures per arm:
+output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token latency
+at light load (one stream), and short requests/s (one output token each, not streamed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PROMPT = "Tell me about the tenants that share this cluster and how the queue serves them."
+
+
+@dataclass
+class OpenAIBenchConfig:
+    engine: str = "simulated"
+    settings: dict[str, Any] = field(default_factory=dict)  # the engine's settings (the config's workers section)
+    model: str = "fairgate-sim"
+    concurrency: int = 24
+    requests: int = 240  # streamed requests per arm
+    max_tokens: int = 64
+    light_requests: int = 30
+    short_concurrency: int = 16
+    short_requests: int = 400
+
+
+@dataclass
+class ArmResult:
+    output_tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    light_ttft_p50_ms: float
+    short_requests_per_s: float
+    errors: int
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:
+    """(seconds to the first content, output tokens) of one streamed chat completion."""
+    t0 = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    async with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if not first and any(c.get("delta", {}).get("content") for c in event.get("choices", ())):
+                first = time.perf_counter() - t0
+            if event.get("usage"):
+                tokens = int(event["usage"]["completion_tokens"])
+    return first, tokens
+
+
+async def _closed_loops(n: int, total: int, one) -> tuple[list[Any], int, float]:
+    """``total`` calls of ``one()`` from ``n`` closed loops; (results, errors, seconds)."""
+    results: list[Any] = []
+    errors = 0
+    left = total
+
+    async def loop() -> None:
+        nonlocal left, errors
+        while left > 0:
+            left -= 1
+            try:
+                results.append(await one())
+            except (httpx.HTTPError, ValueError):
+                errors += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(n)))
+    return results, errors, time.perf_counter() - t0
+
+
+async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
+    headers = {"Authorization": f"Bearer {api_key}"}
+    limits = httpx.Limits(max_connections=max(config.concurrency, config.short_concurrency) + 4)
+    chat = {
+        "model": config.model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": config.max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
+    url = base_url + "/chat/completions"
+    async with httpx.AsyncClient(timeout=300, headers=headers, limits=limits) as client:
+        await _closed_loops(4, 8, lambda: _stream_one(client, url, chat))  # warm up both ways
+        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(client, url, chat))
+        loaded, errors, seconds = await _closed_loops(
+            config.concurrency, config.requests, lambda: _stream_one(client, url, chat)
+        )
+
+        async def one_short() -> int:
+            r = await client.post(base_url + "/completions", json=short)
+            r.raise_for_status()
+            return 1
+
+        done, short_errors, short_s = await _closed_loops(config.short_concurrency, config.short_requests, one_short)
+    ttfts = sorted(t for t, _ in loaded)
+    return ArmResult(
+        output_tokens_per_s=sum(n for _, n in loaded) / seconds,
+        ttft_p50_ms=1000 * statistics.median(ttfts),
+        ttft_p99_ms=1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        light_ttft_p50_ms=1000 * statistics.median(t for t, _ in light),
+        short_requests_per_s=len(done) / short_s,
+        errors=errors + light_errors + short_errors,
+    )
+
+
+# ----------------------------------------------------------------------------- the two arms
+
+
+@contextlib.contextmanager
+def engine_alone(config: OpenAIBenchConfig, port: int, log: Path | None) -> Iterator[str]:
+    """The engine's own OpenAI server, as users run it without fairgate."""
+    if config.engine == "vllm":
+        from loadgen.vllm_server import vllm_server
+        from workers.engines.vllm.settings import VllmSettings
+
+        with vllm_server(VllmSettings.from_dict(config.settings.get("vllm") or {}), config.model, port, log) as base:
+            yield base
+        return
+    args = ["--engine", config.engine, "--settings", json.dumps(config.settings), "--model", config.model]
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.engine_server", *args, "--port", str(port)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_for(base + "/chat/completions", proc)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def _wait_for(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the engine's server exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(url, json={}, timeout=2)
+            return
+        time.sleep(0.3)
+    raise RuntimeError("the engine's server did not start")
+
+
+@contextlib.contextmanager
+def through_gateway(config: OpenAIBenchConfig, port: int) -> Iterator[tuple[str, str]]:
+    """A one-worker gateway on local Ray with the same engine settings; yields (base URL, API key)."""
+    import ray
+    from ray import serve
+
+    from dispatcher.actor import dispatcher_name
+    from gateway.app import run_app, start_local_ray
+    from gateway.config import parse_config
+
+    key = "fg-bench-" + secrets.token_hex(12)
+    workers = {"count": 1, "engine": config.engine, **config.settings}
+    raw = {
+        "model": config.model,
+        "workers": workers,
+        "ingress": {"max_model_len": 1 << 20},
+        "limits": {"max_queued_per_tenant": 100_000},
+        "tenants": [{"name": "bench", "api_key": key}],
+    }
+    gateway, _ = parse_config(raw)
+    start_local_ray()
+    url = run_app("bench-openai", gateway, secrets.token_hex(16), port, route_prefix="/")
+    try:
+        yield url + "/v1", key
+    finally:
+        serve.delete("bench-openai")
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(dispatcher_name("bench-openai"), namespace="fairgate"))
+        serve.shutdown()
+
+
+def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None) -> dict[str, Any]:
+    """Both arms, one after the other, each alone on the machine; the figures and their ratios."""
+    alone_log = log_dir / "engine-alone.log" if log_dir is not None else None
+    with engine_alone(config, _free_port(), alone_log) as base:
+        alone = asyncio.run(measure(base, "none", config))
+    with through_gateway(config, _free_port()) as (base, key):
+        gateway = asyncio.run(measure(base, key, config))
+    return {
+        "config": asdict(config),
+        "alone": asdict(alone),
+        "gateway": asdict(gateway),
+        "ratio": {
+            "output_tokens_per_s": gateway.output_tokens_per_s / alone.output_tokens_per_s,
+            "short_requests_per_s": gateway.short_requests_per_s / alone.short_requests_per_s,
+            "ttft_p50_ms_overhead": gateway.ttft_p50_ms - alone.ttft_p50_ms,
+            "light_ttft_p50_ms_overhead": gateway.light_ttft_p50_ms - alone.light_ttft_p50_ms,
+        },
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
