@@ -54,7 +54,8 @@ def test_config_takes_a_vllm_section_and_names_bad_fields():
     config, _ = parse_config(raw)
     assert config.workers.engine == "vllm" and config.workers.settings["vllm"]["kv_tokens"] == 2048
     assert config.workers.num_gpus == 1.0
-    assert context_limit(config.plain()) == 2048  # the engine's context is below the ingress limit
+    plain = config.plain()
+    assert context_limit(plain, plain["workers"]) == 2048  # the engine's context is below the ingress limit
     for workers, needle in (
         ({"engine": "tgi"}, "workers.engine"),
         ({"engine": "vllm", "vllm": {"modle": "tiny"}}, "unknown: modle"),
