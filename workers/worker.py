@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 GENERATED_KEPT = 50_000
 ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher forgets lost requests at 120 s)
 ENDED_KEPT = 20_000
+# A stream's bytes after its first piece wait this long for the engine's next steps before they are
+# relayed: far fewer messages per token when steps are fast, at most this much later per token.
+RELAY_LINGER_S = 0.010
 
 
 @dataclass
@@ -299,7 +302,7 @@ class _WorkerServicer(rpc.WorkerServicer):
                 "content-type": "application/json",
                 "x-request-id": t.request_id.partition("-")[2] or t.request_id,
             }
-            response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope)
+            response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
             first = True
             async for piece in response.body:
                 chunk = pb.GenerateChunk(

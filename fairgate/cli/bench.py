@@ -42,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--model", default=None, help="vLLM model (default tiny); the simulated engine: fairgate-sim")
     ob.add_argument("--kv-tokens", type=int, default=None, help="KV pool (vLLM default 8192, simulated 1,000,000)")
     ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
+    ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads, both arms (on CPU)")
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
     ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
@@ -142,6 +143,7 @@ def _openai(args: argparse.Namespace) -> int:
         raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
     if args.engine == "vllm":
         vllm = {"model": args.model or "tiny", "kv_tokens": args.kv_tokens or 8192, "max_num_seqs": args.max_num_seqs}
+        vllm["cpu_threads"] = args.cpu_threads
         config = OpenAIBenchConfig("vllm", {"vllm": vllm}, vllm["model"])
     else:
         step = {"step_overhead_s": args.step_ms / 1000, "prefill_per_token_s": 0.0}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class VllmRunner:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._on_step = on_step
+        if self.settings.cpu_threads:  # before the engine's processes start: they inherit it
+            os.environ["OMP_NUM_THREADS"] = str(self.settings.cpu_threads)
         args = self.settings.async_engine_args(self.served_model)
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger])
         cache = self.llm.vllm_config.cache_config

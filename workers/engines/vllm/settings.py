@@ -34,6 +34,9 @@ class VllmSettings(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool | None = None  # None: eager on CPU (no compiler there), compiled on GPU
+    # threads of the engine's CPU kernels (OMP_NUM_THREADS); None: the process's (Ray gives a worker
+    # replica 1). Only matters on CPU, where the engine shares the cores with everything else.
+    cpu_threads: int | None = Field(None, ge=1)
     extra_args: dict[str, Any] = Field(default_factory=dict)  # anything else, passed to AsyncEngineArgs
     # vLLM's own OpenAI layer, as on `vllm serve`'s command line: e.g. ["--enable-auto-tool-choice",
     # "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
