@@ -21,6 +21,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -53,30 +54,63 @@ def front_door() -> str:
     return door
 
 
+HAPROXY_OWNER_ENV = "FAIRGATE_HAPROXY_OWNER"
+
+
 def ray_environment() -> None:
     for key, value in LOOPBACK_ENV.items():
         os.environ.setdefault(key, value)
-    if front_door() == "haproxy" and HAPROXY_DIR_ENV not in os.environ:
-        run_dir = tempfile.mkdtemp(prefix="fgh-")
-        os.environ.update(
-            {
-                "RAY_SERVE_ENABLE_HA_PROXY": "1",
-                HAPROXY_DIR_ENV: run_dir,
-                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{run_dir}/haproxy.cfg",
-                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock",
-                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
-                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
-                # a request waits in the dispatcher's queue as long as it must, not HAProxy's default
-                "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": "3600",
-                # an ingress replica going away waits for HAProxy to forget it: on one machine that
-                # takes a fraction of a second (the 30 s default is for load balancers across nodes)
-                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-            }
-        )
-        wrapper = _loopback_haproxy(run_dir)
-        if wrapper:
-            os.environ.setdefault("RAY_SERVE_HAPROXY_BINARY_PATH", wrapper)
-        atexit.register(stop_haproxy)
+    # a process starting its own cluster gets its own HAProxy folder and ports, even when its parent
+    # (a test session, say) runs one too
+    if front_door() == "haproxy" and os.environ.get(HAPROXY_OWNER_ENV) != str(os.getpid()):
+        os.environ.update(haproxy_environment())
+        os.environ[HAPROXY_OWNER_ENV] = str(os.getpid())
+        atexit.register(stop_haproxy, os.environ[HAPROXY_DIR_ENV])
+
+
+def haproxy_environment() -> dict[str, str]:
+    """What a new Ray cluster needs for the HAProxy front door on this machine: a folder of its own
+    (HAProxy's configuration, socket and state; the wrapper that keeps its listeners on loopback) and
+    free ports for its stats and metrics listeners."""
+    run_dir = tempfile.mkdtemp(prefix="fgh-")  # short: HAProxy's socket path must stay under 97 chars
+    env = {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        HAPROXY_DIR_ENV: run_dir,
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{run_dir}/haproxy.cfg",
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{run_dir}/admin.sock",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": run_dir,
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        # a request waits in the dispatcher's queue as long as it must, not HAProxy's default
+        "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": "3600",
+        # an ingress replica going away waits for HAProxy to forget it: on one machine that takes a
+        # fraction of a second (the 30 s default is for load balancers across nodes)
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    }
+    wrapper = _loopback_haproxy(run_dir)
+    if wrapper:
+        env["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_haproxy(run_dir: str) -> None:
+    """Stop the haproxy processes of a run (those reading its configuration) and remove its folder."""
+    for _ in range(3):  # a reload may be starting a successor as the cluster goes down
+        found = subprocess.run(["pgrep", "-f", "--", f"{run_dir}/"], capture_output=True, text=True).stdout
+        if not found.split():
+            break
+        for pid in found.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.2)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _loopback_haproxy(run_dir: str) -> str | None:
@@ -99,22 +133,6 @@ def _loopback_haproxy(run_dir: str) -> str | None:
         )
     os.chmod(path, 0o755)
     return path
-
-
-def stop_haproxy() -> None:
-    """Stop the haproxy processes of this run (those reading this run's configuration)."""
-    run_dir = os.environ.get(HAPROXY_DIR_ENV)
-    if not run_dir:
-        return
-    for _ in range(3):  # a reload may be starting a successor as the cluster goes down
-        found = subprocess.run(["pgrep", "-f", "--", f"{run_dir}/"], capture_output=True, text=True).stdout
-        if not found.split():
-            break
-        for pid in found.split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        time.sleep(0.2)
-    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def bind_serve_to_loopback() -> None:

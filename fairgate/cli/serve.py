@@ -31,12 +31,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--model", help="vLLM model: a shape the project builds (tiny, llama3-8b; dummy weights), a path or an HF id"
     )
     srv.add_argument("--kv-tokens", type=int, help="KV pool per worker, in tokens")
+    srv.add_argument(
+        "--front-door",
+        choices=("haproxy", "serve"),
+        help="Ray Serve's HAProxy ingress (default) or Serve's Python HTTP proxy (or FAIRGATE_FRONT_DOOR)",
+    )
     return srv
 
 
 def run(args: argparse.Namespace) -> int:
-    from common.loopback import ray_environment
+    import os
 
+    from common.loopback import FRONT_DOOR_ENV, ray_environment
+
+    if args.front_door:
+        os.environ[FRONT_DOOR_ENV] = args.front_door
     ray_environment()  # before anything imports Ray: it reads these at import time
     from common.config import ConfigError
 
@@ -76,10 +85,10 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
     start_local_ray()
     config = _place_on_gpus(config)
     url = run_app("fairgate", config, secret, port)
-    print(
-        f"fairgate is serving {config.model!r} at {url}/v1 ({config.workers.count} {config.workers.engine} workers, "
-        f"policy {config.scheduler['policy']})"
-    )
+    from common.loopback import front_door
+
+    pools = ", ".join(f"{m.name!r} ({m.workers.count} {m.workers.engine} workers)" for m in config.models)
+    print(f"fairgate is serving {pools} at {url}/v1 (policy {config.scheduler['policy']}, front door {front_door()})")
     for name, key in generated_keys.items():
         print(f"  admin api key (for /admin) {key}" if name == ADMIN else f"  tenant {name}: api key {key}")
     if not [n for n in generated_keys if n != ADMIN]:

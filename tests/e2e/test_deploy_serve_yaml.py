@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 
-from common.loopback import LOOPBACK_ENV
+from common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
@@ -42,12 +42,16 @@ def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
     gateway_file = tmp_path / "gateway.yaml"
     gateway_file.write_text(yaml.safe_dump(gateway))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env |= LOOPBACK_ENV | {
-        "FAIRGATE_CONFIG": str(gateway_file),
-        "FAIRGATE_ADMIN_KEY": "fg-admin-" + secrets.token_hex(12),
-        "FAIRGATE_CLUSTER_SECRET": secrets.token_hex(32),
-        "PYTHONPATH": str(REPO),
-    }
+    env |= (
+        LOOPBACK_ENV
+        | haproxy_environment()
+        | {  # its own HAProxy front door, beside the session's
+            "FAIRGATE_CONFIG": str(gateway_file),
+            "FAIRGATE_ADMIN_KEY": "fg-admin-" + secrets.token_hex(12),
+            "FAIRGATE_CLUSTER_SECRET": secrets.token_hex(32),
+            "PYTHONPATH": str(REPO),
+        }
+    )
     serve_cli = Path(sys.executable).with_name("serve")
     log = tmp_path / "serve-run.log"
     with log.open("wb") as out:
@@ -93,3 +97,4 @@ def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        stop_haproxy(env[HAPROXY_DIR_ENV])  # it outlives the Ray cluster that started it

@@ -157,6 +157,10 @@ def test_no_secret_value_is_in_a_manifest_and_the_gateway_config_parses(rendered
     assert [t.name for t in config.tenants] == ["alice", "bob", "carol"] and not generated
     assert config.workers.autoscaling is not None
     assert config.workers.engine == ("vllm" if overlay == "gpu" else "simulated")
+    if overlay == "gpu":  # two models behind one endpoint, one of them for some tenants only
+        assert [m.name for m in config.models] == ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"]
+        assert config.models[1].tenants == ("alice", "bob") and config.models[0].tenants is None
+        assert all(m.workers.engine == "vllm" and m.workers.num_gpus == 1 for m in config.models)
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
