@@ -206,17 +206,25 @@ def through_gateway(config: OpenAIBenchConfig, port: int) -> Iterator[tuple[str,
         serve.shutdown()
 
 
-def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None) -> dict[str, Any]:
-    """Both arms, one after the other, each alone on the machine; the figures and their ratios."""
-    alone_log = log_dir / "engine-alone.log" if log_dir is not None else None
-    with engine_alone(config, _free_port(), alone_log) as base:
-        alone = asyncio.run(measure(base, "none", config))
-    with through_gateway(config, _free_port()) as (base, key):
-        gateway = asyncio.run(measure(base, key, config))
+def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None, rounds: int = 2) -> dict[str, Any]:
+    """Both arms, alternating ``rounds`` times, each alone on the machine (a pause between arms lets
+    the previous one's processes go); per arm the median of its rounds, and the ratios."""
+    alone_runs: list[ArmResult] = []
+    gateway_runs: list[ArmResult] = []
+    for i in range(rounds):
+        alone_log = log_dir / f"engine-alone-{i}.log" if log_dir is not None else None
+        with engine_alone(config, _free_port(), alone_log) as base:
+            alone_runs.append(asyncio.run(measure(base, "none", config)))
+        time.sleep(5)
+        with through_gateway(config, _free_port()) as (base, key):
+            gateway_runs.append(asyncio.run(measure(base, key, config)))
+        time.sleep(5)
+    alone, gateway = _median(alone_runs), _median(gateway_runs)
     return {
         "config": asdict(config),
         "alone": asdict(alone),
         "gateway": asdict(gateway),
+        "rounds": {"alone": [asdict(r) for r in alone_runs], "gateway": [asdict(r) for r in gateway_runs]},
         "ratio": {
             "output_tokens_per_s": gateway.output_tokens_per_s / alone.output_tokens_per_s,
             "short_requests_per_s": gateway.short_requests_per_s / alone.short_requests_per_s,
@@ -224,6 +232,11 @@ def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None) -> dict
             "light_ttft_p50_ms_overhead": gateway.light_ttft_p50_ms - alone.light_ttft_p50_ms,
         },
     }
+
+
+def _median(runs: list[ArmResult]) -> ArmResult:
+    fields = asdict(runs[0])
+    return ArmResult(**{k: statistics.median(asdict(r)[k] for r in runs) for k in fields})
 
 
 def _free_port() -> int:

@@ -47,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     ob.add_argument("--step-ms", type=float, default=1.0, help="the simulated engine's step time")
+    ob.add_argument("--rounds", type=int, default=2, help="alternations of the two arms (medians are printed)")
     ob.add_argument("--json", default=None, help="also write the figures to this file")
     ob.set_defaults(bench=_openai)
     return bench
@@ -133,6 +134,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _openai(args: argparse.Namespace) -> int:
     import json
+    import os
 
     from common.loopback import ray_environment
 
@@ -142,6 +144,9 @@ def _openai(args: argparse.Namespace) -> int:
     if min(args.concurrency, args.requests, args.max_tokens, args.max_num_seqs) < 1 or args.step_ms < 0:
         raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
     if args.engine == "vllm":
+        # vLLM's CPU kernels pin their threads to cores by default; on a small machine shared with its
+        # API layer, the gateway and the client, both arms run steadier unpinned (inherited by both)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         vllm = {"model": args.model or "tiny", "kv_tokens": args.kv_tokens or 8192, "max_num_seqs": args.max_num_seqs}
         vllm["cpu_threads"] = args.cpu_threads
         config = OpenAIBenchConfig("vllm", {"vllm": vllm}, vllm["model"])
@@ -151,12 +156,13 @@ def _openai(args: argparse.Namespace) -> int:
         settings = {"kv_tokens": args.kv_tokens or 1_000_000, "block_size": 1, "step_model": step}
         config = OpenAIBenchConfig("simulated", settings, "fairgate-sim")
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
-    out = bench_openai(config)
+    out = bench_openai(config, rounds=max(1, args.rounds))
     a, g, r = out["alone"], out["gateway"], out["ratio"]
     alone = "vLLM's own server" if args.engine == "vllm" else "engine layer alone"
     print(
         f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
-        f"{args.requests} requests per arm; light load: 1 stream; short: 1-token completions, 16 at once"
+        f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, 16 at once; "
+        f"medians of {max(1, args.rounds)} alternating rounds"
     )
     print(
         f"{'':<20} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
