@@ -3,9 +3,12 @@ Ray Serve application, and start it on a local Ray cluster kept on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from typing import Any
 
+import httpx
 import ray
 from ray import serve
 
@@ -88,7 +91,24 @@ def start_local_ray(num_cpus: int | None = None) -> None:
 
 
 def run_app(app_name: str, config: GatewayConfig, secret: str, port: int, route_prefix: str = "/") -> str:
-    """Start Serve on 127.0.0.1:``port`` (if not yet started) and deploy the application."""
+    """Start Serve on 127.0.0.1:``port`` (if not yet started) and deploy the application; returns once
+    the front door routes to it."""
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(app_name, config, secret), name=app_name, route_prefix=route_prefix)
-    return f"http://127.0.0.1:{port}{route_prefix.rstrip('/')}"
+    url = f"http://127.0.0.1:{port}{route_prefix.rstrip('/')}"
+    wait_until_routed(url)
+    return url
+
+
+def wait_until_routed(url: str, timeout_s: float = 60.0) -> None:
+    """Until the gateway's own health answer comes through the front door at ``url``: an application
+    Serve reports running may not be in HAProxy's routes yet (it answers 404 for a while)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = httpx.get(f"{url}/healthz", timeout=2)
+            if r.status_code == 200 and r.json() == {"status": "ok"}:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway at {url} is not reachable after {timeout_s:.0f} s")
+        time.sleep(0.2)

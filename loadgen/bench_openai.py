@@ -3,8 +3,8 @@
 The same real client (streaming chat with usage, closed loops) is driven at the engine served alone,
 then through the whole gateway (HTTP -> front door -> ingress -> dispatcher -> worker, whose engine
 layer writes the bytes the ingress relays) to one worker with the same settings. For vLLM the engine
-served alone is vLLM's own OpenAI server (``loadgen.vllm_server``), for the simulated engine its own
-layer under uvicorn (``workers.engine_server``). Each arm runs alone on the machine. Figures per arm:
+served alone is the engine plug-in's reference server: vLLM's own OpenAI server, or the simulated
+engine's own layer under uvicorn (``workers.engine_server``). Each arm runs alone on the machine. Figures per arm:
 output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token latency
 at light load (one stream), and short requests/s (one output token each, not streamed).
 """
@@ -14,12 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from workers.engines import engine_for
 
 PROMPT = "Tell me about the tenants that share this cluster and how the queue serves them."
 
@@ -136,46 +134,6 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
 
 
 @contextlib.contextmanager
-def engine_alone(config: OpenAIBenchConfig, port: int, log: Path | None) -> Iterator[str]:
-    """The engine's own OpenAI server, as users run it without fairgate."""
-    if config.engine == "vllm":
-        from loadgen.vllm_server import vllm_server
-        from workers.engines.vllm.settings import VllmSettings
-
-        with vllm_server(VllmSettings.from_dict(config.settings.get("vllm") or {}), config.model, port, log) as base:
-            yield base
-        return
-    args = ["--engine", config.engine, "--settings", json.dumps(config.settings), "--model", config.model]
-    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.engine_server", *args, "--port", str(port)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_for(base + "/chat/completions", proc)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-
-
-def _wait_for(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the engine's server exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.post(url, json={}, timeout=2)
-            return
-        time.sleep(0.3)
-    raise RuntimeError("the engine's server did not start")
-
-
-@contextlib.contextmanager
 def through_gateway(config: OpenAIBenchConfig, port: int) -> Iterator[tuple[str, str]]:
     """A one-worker gateway on local Ray with the same engine settings; yields (base URL, API key)."""
     import ray
@@ -213,7 +171,8 @@ def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None, rounds:
     gateway_runs: list[ArmResult] = []
     for i in range(rounds):
         alone_log = log_dir / f"engine-alone-{i}.log" if log_dir is not None else None
-        with engine_alone(config, _free_port(), alone_log) as base:
+        plugin = engine_for(config.engine)
+        with plugin.reference_server(plugin.settings(config.settings), config.model, _free_port(), alone_log) as base:
             alone_runs.append(asyncio.run(measure(base, "none", config)))
         time.sleep(5)
         with through_gateway(config, _free_port()) as (base, key):

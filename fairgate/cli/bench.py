@@ -10,6 +10,7 @@ from fairgate.cli.parsing import UsageError, check_policies, positive_ints
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from fairgate.cli.parsing import Parser
+    from workers.engines import engine_names
 
     bench = sub.add_parser("bench", help="benchmarks")
     targets = bench.add_subparsers(dest="target", required=True, parser_class=Parser)
@@ -38,11 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     vb.add_argument("--eager", action="store_true", help="no CUDA graphs / compilation (starts faster)")
     vb.set_defaults(bench=_vllm)
     ob = targets.add_parser("openai", help="the gateway against its engine's own OpenAI server, side by side")
-    ob.add_argument("--engine", choices=("simulated", "vllm"), default="simulated")
+    ob.add_argument("--engine", choices=engine_names(), default="simulated")
     ob.add_argument("--model", default=None, help="vLLM model (default tiny); the simulated engine: fairgate-sim")
     ob.add_argument("--kv-tokens", type=int, default=None, help="KV pool (vLLM default 8192, simulated 1,000,000)")
     ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
-    ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads, both arms (on CPU)")
+    ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads (unpinned), both arms")
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
     ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
@@ -134,7 +135,6 @@ def _gateway(args: argparse.Namespace) -> int:
 
 def _openai(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from common.loopback import ray_environment
 
@@ -143,22 +143,17 @@ def _openai(args: argparse.Namespace) -> int:
 
     if min(args.concurrency, args.requests, args.max_tokens, args.max_num_seqs) < 1 or args.step_ms < 0:
         raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
-    if args.engine == "vllm":
-        # vLLM's CPU kernels pin their threads to cores by default; on a small machine shared with its
-        # API layer, the gateway and the client, both arms run steadier unpinned (inherited by both)
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        vllm = {"model": args.model or "tiny", "kv_tokens": args.kv_tokens or 8192, "max_num_seqs": args.max_num_seqs}
-        vllm["cpu_threads"] = args.cpu_threads
-        config = OpenAIBenchConfig("vllm", {"vllm": vllm}, vllm["model"])
-    else:
-        step = {"step_overhead_s": args.step_ms / 1000, "prefill_per_token_s": 0.0}
-        step |= {"decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0}
-        settings = {"kv_tokens": args.kv_tokens or 1_000_000, "block_size": 1, "step_model": step}
-        config = OpenAIBenchConfig("simulated", settings, "fairgate-sim")
+    from workers.engines import engine_for
+
+    plugin = engine_for(args.engine)
+    options = {"model": args.model, "kv_tokens": args.kv_tokens, "max_num_seqs": args.max_num_seqs}
+    options |= {"cpu_threads": args.cpu_threads, "step_ms": args.step_ms}
+    settings, model = plugin.benchmark_settings(options)
+    config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
     out = bench_openai(config, rounds=max(1, args.rounds))
     a, g, r = out["alone"], out["gateway"], out["ratio"]
-    alone = "vLLM's own server" if args.engine == "vllm" else "engine layer alone"
+    alone = plugin.reference_name
     print(
         f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
         f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, 16 at once; "

@@ -15,7 +15,7 @@ from ray import serve
 
 from common.config import GatewayConfig
 from dispatcher.actor import dispatcher_name
-from gateway.app import build_app
+from gateway.app import build_app, wait_until_routed
 from gateway.config import parse_config
 
 
@@ -108,6 +108,7 @@ def deploy(
     config, _ = parse_config(raw)
     secret = secrets.token_hex(16)
     serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")
+    wait_until_routed(f"http://127.0.0.1:{port}/{name}")
     return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw, admin_key)
 
 

@@ -69,9 +69,10 @@ def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
         while True:
             assert proc.poll() is None, f"serve run exited:\n{log.read_text()[-3000:]}"
             try:
-                if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                r = httpx.get(f"{base}/healthz", timeout=2)  # the gateway's own answer, through the front door
+                if r.status_code == 200 and r.json() == {"status": "ok"}:
                     break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             assert time.monotonic() < deadline, f"not serving after 240 s:\n{log.read_text()[-3000:]}"
             time.sleep(1)

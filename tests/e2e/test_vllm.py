@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from loadgen.vllm_server import vllm_server
 from tests.conftest import free_port
 from workers.engines.vllm.prompts import HuggingFacePrompts
+from workers.engines.vllm.reference_server import vllm_server
 from workers.engines.vllm.settings import VllmSettings
 
 from .gateway_helpers import MAX_TOKENS, Gateway, deploy, overload

@@ -16,6 +16,7 @@ plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -177,3 +178,20 @@ class EnginePlugin:
     def served_model(self, settings: Settings) -> str | None:
         """The model name the engine serves, when the engine decides it (None: the config's)."""
         return None
+
+    reference_name: ClassVar[str] = "engine layer alone"
+
+    def reference_server(
+        self, settings: Settings, served_model: str, port: int, log: Any = None
+    ) -> contextlib.AbstractContextManager[str]:
+        """The engine served alone on 127.0.0.1:``port``, as users run it without fairgate: what
+        fairgate's answers and speed are compared with. A context manager yielding its ``.../v1`` URL;
+        by default this engine's own OpenAI layer under uvicorn (``workers.engine_server``)."""
+        from workers.engine_server import engine_alone
+
+        return engine_alone(self.name, settings, served_model, port, log)
+
+    def benchmark_settings(self, options: Mapping[str, Any]) -> tuple[Settings, str]:
+        """(raw settings, model name) for ``fairgate bench openai`` from its options (``model``,
+        ``kv_tokens``, ``max_num_seqs``, ``cpu_threads``, ``step_ms``; each engine takes what it has)."""
+        raise NotImplementedError

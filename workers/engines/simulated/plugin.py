@@ -39,6 +39,11 @@ class SimulatedPlugin(EnginePlugin):
 
         return SimulatedPrompts()
 
+    def benchmark_settings(self, options: Mapping[str, Any]) -> tuple[Settings, str]:
+        step = {"step_overhead_s": float(options.get("step_ms") or 1.0) / 1000, "prefill_per_token_s": 0.0}
+        step |= {"decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0}
+        return {"kv_tokens": options.get("kv_tokens") or 1_000_000, "block_size": 1, "step_model": step}, "fairgate-sim"
+
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         s = SimulatedSettings.model_validate(settings)
         return s.kv_tokens, s.max_running

@@ -53,3 +53,16 @@ class VllmPlugin(EnginePlugin):
 
     def served_model(self, settings: Settings) -> str | None:
         return VllmSettings.from_dict(settings["vllm"]).model
+
+    reference_name = "vLLM's own server"
+
+    def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):
+        from workers.engines.vllm.reference_server import vllm_server
+
+        return vllm_server(VllmSettings.from_dict(settings["vllm"]), served_model, port, log)
+
+    def benchmark_settings(self, options: Mapping[str, Any]) -> tuple[Settings, str]:
+        model = options.get("model") or "tiny"
+        vllm = {"model": model, "kv_tokens": options.get("kv_tokens") or 8192}
+        vllm |= {"max_num_seqs": options.get("max_num_seqs") or 64, "cpu_threads": options.get("cpu_threads")}
+        return {"vllm": vllm}, model

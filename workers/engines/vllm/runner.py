@@ -60,8 +60,7 @@ class VllmRunner:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._on_step = on_step
-        if self.settings.cpu_threads:  # before the engine's processes start: they inherit it
-            os.environ["OMP_NUM_THREADS"] = str(self.settings.cpu_threads)
+        os.environ.update(self.settings.cpu_environment())  # before the engine's processes start: inherited
         args = self.settings.async_engine_args(self.served_model)
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger])
         cache = self.llm.vllm_config.cache_config

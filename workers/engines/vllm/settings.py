@@ -34,8 +34,9 @@ class VllmSettings(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enforce_eager: bool | None = None  # None: eager on CPU (no compiler there), compiled on GPU
-    # threads of the engine's CPU kernels (OMP_NUM_THREADS); None: the process's (Ray gives a worker
-    # replica 1). Only matters on CPU, where the engine shares the cores with everything else.
+    # threads of the engine's CPU kernels (OMP_NUM_THREADS), not pinned to cores; None: the process's
+    # (Ray gives a worker replica 1) and vLLM's pinning. Only matters on CPU, where the engine shares the
+    # cores with its API layer, the gateway and everything else (unpinned runs steadier there).
     cpu_threads: int | None = Field(None, ge=1)
     extra_args: dict[str, Any] = Field(default_factory=dict)  # anything else, passed to AsyncEngineArgs
     # vLLM's own OpenAI layer, as on `vllm serve`'s command line: e.g. ["--enable-auto-tool-choice",
@@ -48,6 +49,12 @@ class VllmSettings(BaseModel):
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> VllmSettings:
         return validate_section(cls, raw, "workers.vllm")
+
+    def cpu_environment(self) -> dict[str, str]:
+        """The environment the engine's processes start with for ``cpu_threads``."""
+        if not self.cpu_threads:
+            return {}
+        return {"OMP_NUM_THREADS": str(self.cpu_threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
     def context_limit(self) -> int | None:
         """The longest prompt + output the engine will take, when known before it starts."""

@@ -27,8 +27,7 @@ def vllm_server(
     args = [*settings.serve_cli_args(served_model), "--host", "127.0.0.1", "--port", str(port)]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if settings.cpu_threads:  # as a fairgate worker applies it
-        env["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+    env |= settings.cpu_environment()  # as a fairgate worker applies it
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
         stdout=out,
