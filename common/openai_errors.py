@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
 
 class ApiError(Exception):
@@ -31,3 +32,20 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def parse_body(model: type[BaseModel], body: Any) -> Any:
+    """``body`` validated as ``model``; the first problem becomes a 400 naming the field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "missing":
+            message = f"missing required field '{param}'"
+        elif param:
+            message = f"invalid '{param}': {message}"
+        raise ApiError(400, message, param=param, code="invalid_request") from None
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request has a string that is not valid Unicode (a lone surrogate)") from None

@@ -22,7 +22,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 
 from common.config import hash_key
-from common.openai_errors import ApiError
+from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
 from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
@@ -31,7 +31,7 @@ from ingress.admin_api import tenant_change
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
-from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_body, parse_json
+from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_json
 from ingress.pools import ModelPools
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.openai_errors import ApiError
 
@@ -99,17 +99,3 @@ def _check_text(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ApiError(400, "the request has a string that is not valid Unicode (a lone surrogate)") from None
-
-
-def parse_body(model: type[_Admission], body: Any) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "missing":
-            message = f"missing required field '{param}'"
-        elif param:
-            message = f"invalid '{param}': {message}"
-        raise ApiError(400, message, param=param, code="invalid_request") from None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
@@ -337,7 +338,7 @@ class _WorkerServicer(rpc.WorkerServicer):
 
 
 def _refusal(status: int, message: str) -> pb.GenerateChunk:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_request"}}
+    body = ApiError(status, message, code="invalid_request").body()
     return pb.GenerateChunk(
         data=json.dumps(body).encode(), status=status, content_type="application/json", finish_reason="error"
     )

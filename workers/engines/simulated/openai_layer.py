@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from common.openai_errors import ApiError
+from common.openai_errors import ApiError, parse_body
 from workers.engines.interface import Delta, GenerationParams, current_admission
 from workers.engines.simulated.prompts import SimulatedPrompts
-from workers.engines.simulated.protocol import ChatRequest, CompletionRequest, parse_body
+from workers.engines.simulated.protocol import ChatRequest, CompletionRequest
 from workers.engines.simulated.responses import (
     chat_chunk,
     completion_chunk,

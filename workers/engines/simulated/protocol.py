@@ -3,11 +3,9 @@ serves (one choice, text only), strictly typed, every refusal an OpenAI-shaped 4
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from common.openai_errors import ApiError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class StreamOptions(BaseModel):
@@ -95,17 +93,3 @@ class ChatRequest(_Sampling):
     def message_dicts(self) -> list[dict[str, str]]:
         """The conversation as a chat template takes it."""
         return [{"role": m.role, "content": m.text()} for m in self.messages]
-
-
-def parse_body(model: type[_Sampling], body: Any) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "missing":
-            message = f"missing required field '{param}'"
-        elif param:
-            message = f"invalid '{param}': {message}"
-        raise ApiError(400, message, param=param, code="invalid_request") from None
