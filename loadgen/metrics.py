@@ -53,10 +53,14 @@ class ServiceRecorder:
     rejections: list[tuple[int, float, bool]] = field(default_factory=list)  # tenant, time, capacity idle
     prompt_tokens_served: int = 0
     output_tokens_served: int = 0
+    cached_tokens_served: int = 0  # prompt tokens the engines found in their prefix caches
+    charge_cached: bool = True  # service counts cached tokens at w_c (False: as the prefix-blind dispatcher does)
 
     def __post_init__(self) -> None:
         self.index = {name: i for i, name in enumerate(self.tenants)}
         self.service = [0.0] * len(self.tenants)  # weighted: cost / weight
+        self.tenant_prompt = [0] * len(self.tenants)
+        self.tenant_cached = [0] * len(self.tenants)
 
     def on_arrival(self, request_id: str, tenant: str, arrival_s: float, prompt: int, output: int) -> None:
         self.requests[request_id] = RequestRecord(self.index[tenant], arrival_s, prompt, output)
@@ -66,15 +70,30 @@ class ServiceRecorder:
         rec.rejected = True
         self.rejections.append((rec.tenant, now, capacity_idle))
 
-    def on_step(self, now: float, started: dict[str, int], new_tokens: dict[str, int], finished: Sequence[str]) -> None:
-        """One engine step ended at ``now``: charge what it really did to each tenant."""
-        total = self.cost.total
+    def on_step(
+        self,
+        now: float,
+        started: dict[str, int],
+        new_tokens: dict[str, int],
+        finished: Sequence[str],
+        cached: dict[str, int] | None = None,
+    ) -> None:
+        """One engine step ended at ``now``: charge what it really did to each tenant (a prompt's
+        tokens found in the prefix cache at ``w_c``, ``cached``)."""
+        total, discount = self.cost.total, self.cost.cached_discount
         service, weights, requests = self.service, self.weights, self.requests
+        cached = cached or {}
         for rid, prompt in started.items():
             rec = requests[rid]
             rec.prompt_tokens = prompt
-            service[rec.tenant] += total(prompt, 0) / weights[rec.tenant]
+            hit = cached.get(rid, 0)
+            service[rec.tenant] += (total(prompt, 0) - (discount(hit) if self.charge_cached else 0.0)) / weights[
+                rec.tenant
+            ]
             self.prompt_tokens_served += prompt
+            self.cached_tokens_served += hit
+            self.tenant_prompt[rec.tenant] += prompt
+            self.tenant_cached[rec.tenant] += hit
         for rid, k in new_tokens.items():
             rec = requests[rid]
             old = rec.generated
@@ -139,6 +158,7 @@ def summarize(
             "mean_latency_s": _mean(t_e2e),
             "p99_latency_s": _pct(t_e2e, 99),
             "under_share": under_share[i],
+            "prefix_hit_rate": _ratio(rec.tenant_cached[i], rec.tenant_prompt[i]),
             "service_rate_per_window": _window_rates(times, service[:, i] * weights[i], duration_s),
         }
     under_ttft = [x for i in range(len(rec.tenants)) if under_share[i] for x in ttft[i]]
@@ -153,8 +173,12 @@ def summarize(
         "duration_s": duration_s,
         "throughput_tokens_per_s": tokens / duration_s,
         "work_per_s": engine_ms / duration_s,
+        "output_tokens_per_s": rec.output_tokens_served / duration_s,
+        "requests_finished": sum(1 for r in rec.requests.values() if r.finish_s is not None),
         "prompt_tokens": rec.prompt_tokens_served,
         "output_tokens": rec.output_tokens_served,
+        "cached_tokens": rec.cached_tokens_served,
+        "prefix_hit_rate": _ratio(rec.cached_tokens_served, rec.prompt_tokens_served),
         "max_abs_service_diff": max_diff,
         "max_diff_pair": [rec.tenants[worst_pair[0]], rec.tenants[worst_pair[1]]] if worst_pair else None,
         "bound_2u": bound / float(weights.min()) if len(weights) else bound,
@@ -333,6 +357,10 @@ def _latencies(rec: ServiceRecorder, duration_s: float):
 
 def _e2e_or_censored(r: RequestRecord, duration_s: float) -> float:
     return (r.finish_s if r.finish_s is not None else max(duration_s, r.arrival_s)) - r.arrival_s
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
 
 
 def _mean(values: Sequence[float]) -> float | None:

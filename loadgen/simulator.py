@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from dispatcher.core import FairScheduler, SchedulerConfig, two_u
+from dispatcher.core import FairScheduler, SchedulerConfig, unit_u
 from dispatcher.core.costs import CostFunction, LinearCost
 from loadgen.metrics import RunSummary, ServiceRecorder, summarize
 from loadgen.workloads import Workload
@@ -24,7 +24,8 @@ DEFAULT_KV_TOKENS = 10_000
 @dataclass
 class SimulationConfig:
     """One run's settings. ``kv_tokens`` None: the workload's own pool, else 10,000 tokens per engine.
-    ``drain``: keep going after the workload's duration until every admitted request has finished."""
+    ``drain``: keep going after the workload's duration until every admitted request has finished.
+    Prefixes matter only for workloads whose requests carry them (``Workload.prefix_block``)."""
 
     policy: str = "vtc"
     placement: str = "most-room"
@@ -41,6 +42,8 @@ class SimulationConfig:
     max_engine_waiting: int = 8
     seed: int = 42
     drain: bool = False
+    prefix_caching: bool = True  # the engines keep a prefix cache (as vLLM does by default)
+    sees_prefix: bool = True  # the dispatcher gets prompts' block hashes and cached counts (False: prefix-blind)
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -68,6 +71,7 @@ class Simulation:
                 block_size=config.block_size,
                 max_running=config.max_running,
                 preemption=config.preemption,
+                prefix_caching=config.prefix_caching,
             )
             for _ in range(config.replicas)
         ]
@@ -76,7 +80,10 @@ class Simulation:
         for wid in self.worker_ids:
             self.scheduler.worker_join(wid, self.kv_tokens, config.max_running)
         tenants = workload.tenants
-        self.recorder = ServiceRecorder(tenants, [workload.weight(t) for t in tenants], config.cost)
+        self.recorder = ServiceRecorder(
+            tenants, [workload.weight(t) for t in tenants], config.cost, charge_cached=config.sees_prefix
+        )
+        self._prefix_block = workload.prefix_block if config.sees_prefix else 0
         self.now = 0.0
         self._next_arrival = 0
         self._step_end: list[float | None] = [None] * config.replicas
@@ -123,7 +130,9 @@ class Simulation:
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        bound = two_u(self.config.cost, *self.workload.longest(), pool)
+        u = unit_u(self.config.cost, *self.workload.longest(), pool)
+        stated = self.scheduler.policy.bound(u)  # the policy's own (2U + Δ with locality slack), else VTC's
+        bound = 2.0 * u if stated is None else stated
         return summarize(
             self.recorder,
             workload=self.workload.name,
@@ -150,10 +159,11 @@ class Simulation:
                 free_tokens=report.free_tokens,
                 running=report.running,
                 waiting=report.waiting,
+                cached=report.cached if self._prefix_block else None,
             )
             for done in report.finished:
                 sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
-            rec.on_step(self.now, report.started, report.new_tokens, [d.id for d in report.finished])
+            rec.on_step(self.now, report.started, report.new_tokens, [d.id for d in report.finished], report.cached)
 
     def _admit_arrivals(self) -> None:
         requests, sched, rec = self.workload.requests, self.scheduler, self.recorder
@@ -163,15 +173,28 @@ class Simulation:
             self._next_arrival += 1
             rec.on_arrival(rid, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens)
             asked = r.max_tokens or r.output_tokens
-            reason = sched.submit(rid, r.tenant, r.prompt_tokens, asked, self.now, r.output_tokens)
+            block = self._prefix_block
+            prefix = r.prefix if block else ()
+            reason = sched.submit(
+                rid, r.tenant, r.prompt_tokens, asked, self.now, r.output_tokens, prefix=prefix, block_tokens=block
+            )
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
 
     def _dispatch(self) -> None:
+        requests, block = self.workload.requests, self.workload.prefix_block
         for a in self.scheduler.assign(self.now):
             req = a.request
+            prefix = requests[int(req.id)].prefix
             self._engine_of[a.worker_id].add(
-                EngineRequest(req.id, req.prompt_tokens, req.max_tokens, req.true_output or req.max_tokens)
+                EngineRequest(
+                    req.id,
+                    req.prompt_tokens,
+                    req.max_tokens,
+                    req.true_output or req.max_tokens,
+                    prefix=prefix,
+                    prefix_block=block,
+                )
             )
         for req, _ in self.scheduler.take_dropped():
             self.recorder.on_reject(req.id, self.now, False)

@@ -26,13 +26,16 @@ class WorkloadError(ValueError):
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
     """One request: ``output_tokens`` is what it generates; ``max_tokens`` what it asks for (None:
-    exactly what it generates, as in the paper's traces)."""
+    exactly what it generates, as in the paper's traces). ``prefix``: the chained hashes of its
+    prompt's full blocks (the workload's ``prefix_block`` tokens each; empty when unknown), already
+    salted per tenant, as the ingress salts them."""
 
     tenant: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     max_tokens: int | None = None
+    prefix: tuple[int, ...] = ()
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Workload:
     requests: list[TraceRequest]
     weights: dict[str, float] = field(default_factory=dict)
     kv_tokens: int | None = None
+    prefix_block: int = 0  # tokens per prefix hash (0: the requests carry none)
 
     @property
     def tenants(self) -> list[str]:
@@ -67,7 +71,7 @@ class Workload:
         if seconds is None or seconds >= self.duration_s:
             return self
         kept = [r for r in self.requests if r.arrival_s < seconds]
-        return Workload(self.name, seconds, kept, dict(self.weights), self.kv_tokens)
+        return Workload(self.name, seconds, kept, dict(self.weights), self.kv_tokens, self.prefix_block)
 
 
 @dataclass(frozen=True)

@@ -12,25 +12,44 @@ from typing import Any, Protocol
 
 
 class CostFunction(Protocol):
-    """Service, in cost units, of a request with ``n_p`` prompt and ``n_q`` output tokens."""
+    """Service, in cost units, of a request with ``n_p`` prompt and ``n_q`` output tokens, of which
+    ``n_c`` prompt tokens were found in the engine's prefix cache: ``total(n_p, n_q) -
+    cached_discount(n_c)`` (DESIGN §2b). The discount is linear in ``n_c`` and never more than the
+    prompt's own charge, so every charge stays non-negative."""
 
     def total(self, n_p: int, n_q: int) -> float: ...
+
+    def cached_discount(self, n_c: int) -> float: ...
 
     def spec(self) -> dict[str, Any]: ...
 
 
+DEFAULT_CACHED_FRACTION = 0.1  # a cached prompt token costs a tenth of a computed one (its KV is read, not built)
+
+
 @dataclass(frozen=True, slots=True)
 class LinearCost:
-    """W = w_p * n_p + w_q * n_q: the paper's default (w_p = 1, w_q = 2)."""
+    """W = w_c * n_cached + w_p * n_uncached + w_q * n_q: the paper's default (w_p = 1, w_q = 2), with
+    cached prompt tokens at w_c (default a tenth of w_p; w_c = w_p charges the cache blind)."""
 
     w_p: float = 1.0
     w_q: float = 2.0
+    w_c: float | None = None  # None: DEFAULT_CACHED_FRACTION * w_p
+
+    def __post_init__(self) -> None:
+        if self.w_c is None:
+            object.__setattr__(self, "w_c", DEFAULT_CACHED_FRACTION * self.w_p)
+        if not 0 <= self.w_c <= self.w_p:  # type: ignore[operator]
+            raise ValueError(f"linear cost: w_c must be between 0 and w_p ({self.w_p:g}), got {self.w_c:g}")
 
     def total(self, n_p: int, n_q: int) -> float:
         return self.w_p * n_p + self.w_q * n_q
 
+    def cached_discount(self, n_c: int) -> float:
+        return (self.w_p - self.w_c) * n_c  # type: ignore[operator]
+
     def spec(self) -> dict[str, Any]:
-        return {"kind": "linear", "w_p": self.w_p, "w_q": self.w_q}
+        return {"kind": "linear", "w_p": self.w_p, "w_q": self.w_q, "w_c": self.w_c}
 
 
 # The paper's fit of h to the A10G / Llama-7B profile (DESIGN §1): milliseconds of engine time.
@@ -42,7 +61,9 @@ class ProfiledCost:
     """h(x, y) = a x + b y + c x y + d y² + e, x = prompt, y = output tokens.
 
     The quadratic terms charge long generations more per token, as attention over a growing context
-    costs more; the constant charges each request's fixed overhead at dispatch.
+    costs more; the constant charges each request's fixed overhead at dispatch. A cached prompt token
+    costs ``cached_fraction`` of the prompt's per-token charge ``a`` (its prefill is skipped; the
+    attention over it during decode, the c x y term, is not).
 
     Every charge must be non-negative, or a tenant's counter could go down as it is served (and the
     waiting set, which re-keys growing keys lazily, would lose its order): the dispatch charge
@@ -60,30 +81,39 @@ class ProfiledCost:
             raise ValueError(
                 f"profiled cost: a charge could be negative ({what}); h needs a, c, d, e >= 0 and b + d >= 0"
             )
+        if not 0 <= self.cached_fraction <= 1:
+            raise ValueError(f"profiled cost: cached_fraction must be between 0 and 1, got {self.cached_fraction:g}")
 
     a: float = PAPER_PROFILE_COEFFS[0]
     b: float = PAPER_PROFILE_COEFFS[1]
     c: float = PAPER_PROFILE_COEFFS[2]
     d: float = PAPER_PROFILE_COEFFS[3]
     e: float = PAPER_PROFILE_COEFFS[4]
+    cached_fraction: float = DEFAULT_CACHED_FRACTION
 
     def total(self, n_p: int, n_q: int) -> float:
         return self.a * n_p + self.b * n_q + self.c * n_p * n_q + self.d * n_q * n_q + self.e
 
+    def cached_discount(self, n_c: int) -> float:
+        return (1.0 - self.cached_fraction) * self.a * n_c
+
     def spec(self) -> dict[str, Any]:
-        return {"kind": "profiled", "coeffs": [self.a, self.b, self.c, self.d, self.e]}
+        coeffs = [self.a, self.b, self.c, self.d, self.e]
+        return {"kind": "profiled", "coeffs": coeffs, "cached_fraction": self.cached_fraction}
 
 
 def cost_from_spec(spec: dict[str, Any] | None) -> CostFunction:
     """Rebuild a cost function from ``spec()`` output (used by snapshots and configuration)."""
     if not spec or spec.get("kind", "linear") == "linear":
         spec = spec or {}
-        return LinearCost(float(spec.get("w_p", 1.0)), float(spec.get("w_q", 2.0)))
+        w_c = spec.get("w_c")
+        return LinearCost(float(spec.get("w_p", 1.0)), float(spec.get("w_q", 2.0)), None if w_c is None else float(w_c))
     if spec["kind"] == "profiled":
         coeffs = spec.get("coeffs") or PAPER_PROFILE_COEFFS
         if len(coeffs) != 5:
             raise ValueError("profiled cost needs 5 coefficients (a, b, c, d, e)")
-        return ProfiledCost(*(float(c) for c in coeffs))
+        fraction = float(spec.get("cached_fraction", DEFAULT_CACHED_FRACTION))
+        return ProfiledCost(*(float(c) for c in coeffs), cached_fraction=fraction)
     raise ValueError(f"unknown cost function kind {spec['kind']!r} (expected 'linear' or 'profiled')")
 
 

@@ -8,6 +8,8 @@ the scheduler (dispatch, decode, the engine's exact prompt count, settling a pre
 assignment that never started, adopting a request after a restart) is a move of these two points,
 and ``account`` turns it into cost: h(after) - h(before) of service (``cost_between``, the formula
 written once), and the charged point's move divided by the tenant's weight on its counter.
+Prompt tokens found in the engine's prefix cache are a third coordinate, accounted apart
+(``account_cached``): their discount is linear, so it moves service and counter alike.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ Move = tuple[Point, Point]  # (before, after)
 
 
 class Ledger:
-    __slots__ = ("_h", "cost")
+    __slots__ = ("_discount", "_h", "cost")
 
     def __init__(self, cost: CostFunction) -> None:
         self.cost = cost
         self._h = cost.total
+        self._discount = cost.cached_discount
 
     def cost_between(self, before: Point, after: Point) -> float:
         """h(after) - h(before), in cost units (unweighted)."""
@@ -42,3 +45,13 @@ class Ledger:
         if charged is not None:
             amount = self.cost_between(*charged)
         tenant.counter += amount / (tenant.weight if weight is None else weight)
+
+    def account_cached(self, tenant: Tenant, before: int, after: int, weight: float) -> None:
+        """A request's cached prompt tokens go from ``before`` to ``after`` (expected at dispatch, the
+        engine's exact count at start, back to 0 on a refund): service and counter move by the
+        discount, the counter at the weight the request was charged at."""
+        if before == after:
+            return
+        amount = self._discount(before) - self._discount(after)
+        tenant.service += amount
+        tenant.counter += amount / weight

@@ -16,7 +16,9 @@ class Request:
     up front, so it can run ahead of ``output_tokens``). ``need``: KV tokens reserved on its worker.
     ``true_output`` is known only in experiments (the oracle predictor reads it). ``weight``: the
     tenant's weight when it was dispatched, which the dispatch charge was divided by (its refunds and
-    corrections use it too).
+    corrections use it too). ``prefix``: the chained hashes of the prompt's full blocks of
+    ``block_tokens`` tokens (salted per tenant; empty when unknown); ``cached``: prompt tokens charged
+    as found in the engine's prefix cache (expected at dispatch, the engine's count from its start).
     """
 
     id: str
@@ -34,6 +36,10 @@ class Request:
     started: bool = False
     dispatched_at: float | None = None
     weight: float = 1.0
+    prefix: tuple[int, ...] = ()
+    block_tokens: int = 0
+    cached: int = 0
+    passed: int = 0  # times a later request of its tenant went first for its cached prefix
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -78,7 +84,7 @@ class Tenant:
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> Tenant:
-        queue = deque(Request(**r) for r in data["queue"])
+        queue = deque(Request(**r | {"prefix": tuple(r.get("prefix", ()))}) for r in data["queue"])
         return cls(
             name=data["name"],
             weight=float(data["weight"]),

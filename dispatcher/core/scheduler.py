@@ -26,6 +26,7 @@ from dispatcher.core.model import Request, Tenant
 from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
 from dispatcher.core.predictors import MovingAveragePredictor
+from dispatcher.core.prefix_index import PrefixIndex
 from dispatcher.core.reasons import (
     REJECT_QUEUE_FULL,
     REJECT_RATE_LIMITED,
@@ -36,6 +37,9 @@ from dispatcher.core.waiting import WaitingSet
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 RESERVES = ("full", "predicted")
+LOCAL_TENANTS = 8  # locality slack: tenants looked at per decision, and requests of each
+LOCAL_WINDOW = 16
+MAX_PASSES = 8  # a head request passed over this often for a cached prefix goes next
 RESERVE_HEADROOM = 1.5  # a predicted reserve covers half as much again as the recent mean
 
 
@@ -125,7 +129,11 @@ class FairScheduler:
         self.ledger = Ledger(self.cost)
         # what each tenant's requests generate, for reservations by prediction (None: full reserves)
         self.reserve_lengths = MovingAveragePredictor() if self.config.reserve == "predicted" else None
-        self.workers = WorkerTable(make_placement(self.config.placement), self.config.max_engine_waiting)
+        self.prefixes = PrefixIndex()  # which prompt blocks each worker probably caches
+        placement = make_placement(self.config.placement)
+        placement.attach(self.prefixes)
+        self.workers = WorkerTable(placement, self.config.max_engine_waiting)
+        self._slack = self.policy.locality_slack  # 0: the policy's order exactly
         self.tenants: dict[str, Tenant] = {}
         self._key = self.policy.key_function(self.tenants)
         self._waiting = WaitingSet(self._key)
@@ -168,10 +176,13 @@ class FairScheduler:
         now: float,
         true_output: int | None = None,
         resumed: bool = False,
+        prefix: tuple[int, ...] = (),
+        block_tokens: int = 0,
     ) -> str | None:
         """Queue a request. Returns None when accepted, else the reason it was rejected. ``resumed``: a
         request admitted before (its caller asks again after a dispatcher restart): the policy's
-        admission (e.g. RPM's window) is not asked again."""
+        admission (e.g. RPM's window) is not asked again. ``prefix``: the chained hashes of its prompt's
+        blocks of ``block_tokens`` tokens (for cache-aware placement, order and cost)."""
         if request_id in self._in_flight or request_id in self._queued_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
@@ -194,6 +205,8 @@ class FairScheduler:
             return REJECT_RATE_LIMITED
         need = self._reservation(tenant, prompt_tokens, max_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
+        if prefix and block_tokens > 0:
+            req.prefix, req.block_tokens = tuple(prefix), block_tokens
         self._next_seq += 1
         if prompt_tokens > self.longest_prompt:
             self.longest_prompt = prompt_tokens
@@ -227,6 +240,12 @@ class FairScheduler:
                 break
             tenant = tenants[top[1]]
             req = next_request(tenant)
+            if self._slack > 0 and self.prefixes:
+                picked = self._local_pick(top[0], tenant, req)
+                if picked is not None:
+                    tenant, req, slot = picked
+                    out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=False), slot.id))
+                    continue
             slot = place(req.need, req)
             if slot is None:
                 largest = self.workers.largest_pool
@@ -253,14 +272,16 @@ class FairScheduler:
         free_tokens: int | None = None,
         running: int | None = None,
         waiting: int | None = None,
+        cached: Mapping[str, int] | None = None,
     ) -> None:
-        """One engine step of one worker: requests started (exact prompt tokens) and tokens generated."""
+        """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
+        many of them the engine found in its prefix cache) and tokens generated."""
         in_flight = self._in_flight
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
                 if req is not None and not req.started:
-                    self._mark_started(req, prompt_tokens)
+                    self._mark_started(req, prompt_tokens, None if cached is None else cached.get(rid))
         tenants, ledger = self.tenants, self.ledger
         for rid, k in new_tokens.items():
             req = in_flight.get(rid)
@@ -335,6 +356,7 @@ class FairScheduler:
         self, worker_id: str, kv_tokens: int, max_running: int | None = None, free_tokens: int | None = None
     ) -> None:
         self.workers.join(worker_id, kv_tokens, max_running, free_tokens)
+        self.prefixes.join(worker_id, kv_tokens)
 
     def worker_drain(self, worker_id: str) -> None:
         """Stop assigning to a worker; what it runs finishes there."""
@@ -345,6 +367,7 @@ class FairScheduler:
         dispatch charge refunded; requests that had started end as lost (what they were charged is kept,
         so that the worker re-announcing them after a broken stream charges only what is new)."""
         self.workers.leave(worker_id)
+        self.prefixes.leave(worker_id)
         mine = sorted((r for r in self._in_flight.values() if r.worker == worker_id), key=lambda r: -r.seq)
         requeued: list[str] = []
         lost: list[str] = []
@@ -633,6 +656,11 @@ class FairScheduler:
         self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
         req.predicted = req.charged_output = predicted
         req.weight = t.weight
+        if req.prefix:
+            expected = self.prefixes.expected_tokens(slot.id, req.prefix, req.block_tokens)
+            req.cached = _cacheable(expected, n_p)
+            self.ledger.account_cached(t, 0, req.cached, t.weight)
+            self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
         slot.committed += req.need
         slot.pending_count += 1
@@ -648,9 +676,11 @@ class FairScheduler:
                 self._last_left = t.name
         return req
 
-    def _mark_started(self, req: Request, prompt_tokens: int) -> None:
+    def _mark_started(self, req: Request, prompt_tokens: int, cached: int | None = None) -> None:
         req.started = True
         slot = self.workers.slots.get(req.worker or "")
+        if cached is not None:
+            self._correct_cached(req, _cacheable(cached, prompt_tokens))
         if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
@@ -669,6 +699,17 @@ class FairScheduler:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need
 
+    def _correct_cached(self, req: Request, exact: int) -> None:
+        """The engine's exact cached count replaces the expectation (in the charge and the index)."""
+        if req.prefix and req.worker:
+            self.prefixes.observed(req.worker, req.cached, exact)
+        if exact != req.cached:
+            t = self.tenants[req.tenant]
+            before = self._key_if_waiting(t)
+            self.ledger.account_cached(t, req.cached, exact, req.weight)
+            req.cached = exact
+            self._rekey_if_lower(t, before)
+
     def _release(self, req: Request) -> None:
         slot = self.workers.get(req.worker or "")
         if slot is None:
@@ -683,6 +724,8 @@ class FairScheduler:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
         n_p = req.prompt_tokens
         self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None), req.weight)
+        self.ledger.account_cached(t, req.cached, 0, req.weight)
+        req.cached = 0
 
     def _settle_prediction(self, t: Tenant, req: Request) -> None:
         """A request that ends (or is lost) short of its prediction gets the unused part back, at the
@@ -697,6 +740,43 @@ class FairScheduler:
         t.rejected += 1
         self.dropped.append((req, reason))
 
+    def _local_pick(self, floor: float, top: Tenant, head: Request) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """Locality slack (DESIGN §2b): among the waiting tenants whose key is within the policy's
+        slack of the smallest (at most ``LOCAL_TENANTS`` of them, in order; a tenant of weight w
+        within Δ / w, so that the weighted bound holds for every pair), and among the first
+        ``LOCAL_WINDOW`` requests of each, the request that finds the longest cached prefix on a
+        worker that can start it now. A head request passed over ``MAX_PASSES`` times by later ones
+        of its tenant goes first. None: no one gains over the policy's own choice (``head`` of
+        ``top``), which then goes as usual."""
+        slack, key, place, expected = self._slack, self._key, self.workers.place, self.prefixes.expected_tokens
+        best: tuple[int, Tenant, Request, WorkerSlot] | None = None
+        head_gain = 0
+        for name in self._waiting.smallest(LOCAL_TENANTS):
+            t = self.tenants[name]
+            if t is not top and key(name) > floor + slack / t.weight:
+                continue  # entries below the top may hold stale keys: check each
+            queue = t.queue
+            window = 1 if queue[0].passed >= MAX_PASSES else LOCAL_WINDOW
+            for i, req in enumerate(queue):
+                if i >= window:
+                    break
+                if not req.prefix:
+                    continue
+                slot = place(req.need, req)
+                if slot is None:
+                    continue
+                gain = expected(slot.id, req.prefix, req.block_tokens)
+                if req is head:
+                    head_gain = gain
+                if best is None or gain > best[0]:
+                    best = (gain, t, req, slot)
+        if best is None or best[2] is head or best[0] <= head_gain:
+            return None
+        _, t, req, slot = best
+        if t.queue[0] is not req:
+            t.queue[0].passed += 1
+        return t, req, slot
+
     def _relaxed_pick(self) -> tuple[Tenant, Request, WorkerSlot] | None:
         """Relaxed head-of-line: the first tenant in the policy's order whose next request fits."""
         for name in self._waiting.smallest(self.config.relaxed_scan)[1:]:
@@ -706,6 +786,11 @@ class FairScheduler:
             if slot is not None:
                 return t, req, slot
         return None
+
+
+def _cacheable(cached: int, prompt_tokens: int) -> int:
+    """Cached tokens a prompt can have: the engine computes at least its last token."""
+    return max(0, min(cached, prompt_tokens - 1))
 
 
 def _optional(value: Any, kind: type) -> Any:

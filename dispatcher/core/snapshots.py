@@ -40,6 +40,7 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "settled": [[rid, *row] for rid, row in s._settled.items()],
         "resumed": sorted(s._resumed),
         "reserve_lengths": _lengths(s),
+        "prefixes": s.prefixes.snapshot(),
     }
 
 
@@ -53,7 +54,7 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
         t = Tenant.from_state(row)
         s.tenants[t.name] = t
         s._queued_ids.update((r.id, t.name) for r in t.queue)
-    s._in_flight = {r["id"]: Request(**r) for r in data["in_flight"]}
+    s._in_flight = {r["id"]: Request(**r | {"prefix": tuple(r.get("prefix", ()))}) for r in data["in_flight"]}
     s._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
     s._next_seq = int(data["next_seq"])
     s._last_left = data["last_left"]
@@ -63,6 +64,7 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
     s._settled = _settled_rows(data["settled"])
     s._resumed = set(data.get("resumed", ()))
     _restore_lengths(s, data)
+    s.prefixes.restore(data.get("prefixes", {}))
     if s.config.max_queue_s is not None:
         s._arrivals = sorted((r.arrival, r.seq, r.id) for t in s.tenants.values() for r in t.queue)  # a heap
     return s
@@ -77,6 +79,7 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
             s.ledger.account(
                 books[r.tenant], ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None), r.weight
             )
+            s.ledger.account_cached(books[r.tenant], r.cached, 0, r.weight)
     rows = []
     for t in s.tenants.values():
         kept = books[t.name]

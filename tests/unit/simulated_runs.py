@@ -28,9 +28,22 @@ FLOOD = [(0, 0.0, 300, 300)] * 20 + [(1, 0.1 * i, 1, 1) for i in range(40)]
 BURSTS = [(i % 3, float(i // 9) * 3.0, 1 if i % 2 else 300, 300 if i % 2 else 1) for i in range(60)]
 
 
-def workload_of(rows, weights=(1.0, 1.0, 1.0)) -> Workload:
-    reqs = sorted((TraceRequest(f"T{t}", a, p, o) for t, a, p, o in rows), key=lambda r: (r.arrival_s, r.tenant))
-    return Workload("prop", 30.0, reqs, {f"T{i}": w for i, w in enumerate(weights)})
+PREFIX_BLOCK = 16
+
+
+def workload_of(rows, weights=(1.0, 1.0, 1.0), prefixed: bool = False) -> Workload:
+    """``prefixed``: each prompt carries block hashes of one of two conversations of its tenant
+    (by its length's parity), so prefix caches, cache-aware cost and locality slack come into play."""
+
+    def prefix(t: int, p: int) -> tuple[int, ...]:
+        return tuple((t * 10 + p % 2) * 1000 + i for i in range(p // PREFIX_BLOCK)) if prefixed else ()
+
+    reqs = sorted(
+        (TraceRequest(f"T{t}", a, p, o, None, prefix(t, p)) for t, a, p, o in rows),
+        key=lambda r: (r.arrival_s, r.tenant),
+    )
+    block = PREFIX_BLOCK if prefixed else 0
+    return Workload("prop", 30.0, reqs, {f"T{i}": w for i, w in enumerate(weights)}, None, block)
 
 
 def run(workload: Workload, policy: str = "vtc", **kw) -> Simulation:

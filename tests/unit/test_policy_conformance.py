@@ -48,14 +48,15 @@ BOUNDED = [policy for policy in policy_examples() if make_policy(policy).bound(1
 WEIGHTS = {"T0": 1.0, "T1": 2.0, "T2": 0.5, "T3": 1.0}
 POOLS = {"w0": 300, "w1": 500, "w2": 800}  # KV pools of the workers that come and go
 WORKERS = sorted(POOLS)
+BLOCK = 16  # tokens per prefix block of the submitted prompts
 
 
 def arguments(kind: str, seed: int) -> tuple:
     """An event's arguments, drawn from its seed (hypothesis draws kinds and seeds: fast to generate,
     and a failing list still shrinks to fewer events and smaller seeds)."""
     r = random.Random(seed)
-    if kind == "submit":  # tenant, prompt, max_tokens, true output
-        return (r.randrange(4), r.randrange(201), r.randint(1, 200), r.randint(1, 200))
+    if kind == "submit":  # tenant, prompt, max_tokens, true output, conversation (its prompt's prefix)
+        return (r.randrange(4), r.randrange(201), r.randint(1, 200), r.randint(1, 200), r.randrange(3))
     if kind == "step":
         return (r.choice(WORKERS), seed)
     if kind in ("join", "drain", "leave", "bounce"):
@@ -125,11 +126,12 @@ class Driver:
         getattr(self, f"_{event[0]}")(*event[1:])
         self.check()
 
-    def _submit(self, tenant: int, prompt: int, max_tokens: int, true_output: int) -> None:
+    def _submit(self, tenant: int, prompt: int, max_tokens: int, true_output: int, conversation: int = 0) -> None:
         rid = f"r{self.n}"
         self.n += 1
         policy_before = json.dumps(self.s.policy.snapshot(), sort_keys=True)
-        reason = self.s.submit(rid, f"T{tenant}", prompt, max_tokens, self.now, true_output)
+        prefix = tuple((tenant * 10 + conversation) * 1000 + i for i in range(prompt // BLOCK))
+        reason = self.s.submit(rid, f"T{tenant}", prompt, max_tokens, self.now, true_output, False, prefix, BLOCK)
         if reason in (REJECT_TENANT_QUEUE_FULL, REJECT_TOO_LARGE):  # refused before the policy was asked
             assert json.dumps(self.s.policy.snapshot(), sort_keys=True) == policy_before, "a refusal changed the policy"
         if reason is None:
@@ -164,6 +166,8 @@ class Driver:
             return
         mine = [r for r in s.in_flight().values() if r.worker == wid]
         started = {r.id: max(0, r.prompt_tokens + (seed + int(r.id[1:])) % 5 - 2) for r in mine if not r.started}
+        # the engine's cached count: what the index expected, give or take a block (it is a model)
+        cached = {rid: max(0, s.in_flight()[rid].cached + BLOCK * ((seed + len(rid)) % 3 - 1)) for rid in started}
         new_tokens, finished = {}, []
         for r in mine:
             target = min(r.max_tokens, r.true_output or r.max_tokens)
@@ -173,7 +177,8 @@ class Driver:
             if r.output_tokens + k >= target:
                 finished.append((r.id, target, "length" if target == r.max_tokens else "stop"))
         used = sum(started.get(r.id, r.prompt_tokens) + r.output_tokens + new_tokens.get(r.id, 0) for r in mine)
-        s.on_report(wid, new_tokens, started=started, free_tokens=max(0, slot.kv_tokens - used), running=len(mine))
+        free = max(0, slot.kv_tokens - used)
+        s.on_report(wid, new_tokens, started=started, free_tokens=free, running=len(mine), cached=cached)
         for rid, output, reason in finished:
             assert s.on_finish(rid, output, reason, self.now) is not None
             del self.where[rid]
@@ -273,7 +278,8 @@ class Driver:
             if slot.draining:
                 new.worker_drain(slot.id)
         for r in again:
-            if new.submit(r.id, r.tenant, r.prompt_tokens, r.max_tokens, self.now, r.true_output, resumed=True):
+            again_args = (r.prompt_tokens, r.max_tokens, self.now, r.true_output, True, r.prefix, r.block_tokens)
+            if new.submit(r.id, r.tenant, *again_args):
                 del self.where[r.id]  # refused (its queue is full): its caller gets the error
             else:
                 self.where[r.id] = "queued"
@@ -303,7 +309,8 @@ class Driver:
         s = self.s
         r = next(r for t in s.tenants.values() for r in t.queue if r.id == rid)
         assert s.cancel(rid)
-        reason = s.submit(rid, r.tenant, r.prompt_tokens, r.max_tokens, self.now, r.true_output, resumed=True)
+        again = (r.prompt_tokens, r.max_tokens, self.now, r.true_output, True, r.prefix, r.block_tokens)
+        reason = s.submit(rid, r.tenant, *again)
         if reason is None:
             self.arrived[rid] = self.now
         else:
@@ -395,7 +402,7 @@ def test_a_restored_snapshot_makes_the_same_decisions(policy, placement, trace, 
 @example(BURSTS, (1.0, 1.0))
 def test_the_stated_bound_holds_for_backlogged_tenants(policy, rows, weights):
     bound_of = make_policy(policy).bound
-    workload = workload_of(rows, (*weights, 1.0))
+    workload = workload_of(rows, (*weights, 1.0), prefixed=True)  # the engine's cache and the slack at work
     sim = run(workload, policy)
     bound = bound_of(unit_u(sim.config.cost, *workload.longest(), POOL))
     for (f, g), gap in brute_force_max_gap(sim).items():

@@ -78,6 +78,7 @@ class StepReport:
 
     duration_s: float
     started: dict[str, int] = field(default_factory=dict)  # id -> exact prompt tokens
+    cached: dict[str, int] = field(default_factory=dict)  # id -> prompt tokens found in the prefix cache at start
     new_tokens: dict[str, int] = field(default_factory=dict)  # id -> output tokens this step
     finished: list[FinishedRequest] = field(default_factory=list)
     free_tokens: int = 0

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from dispatcher.core.model import Request
+from dispatcher.core.prefix_index import PrefixIndex
 from dispatcher.core.registry import Registry
 from dispatcher.core.workers import WorkerSlot
 
@@ -18,6 +19,10 @@ class PlacementRule:
     ``request`` is None when the scheduler only asks whether a request of some size would fit."""
 
     name: ClassVar[str]
+
+    def attach(self, prefixes: PrefixIndex) -> None:
+        """The scheduler's prefix index, for rules that place by cached prefix (others ignore it)."""
+        return None
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
         raise NotImplementedError

@@ -5,6 +5,12 @@ produces their first token), decodes one token for every running request, and fr
 reached their length. When decoding runs out of KV space the newest running requests are preempted
 vLLM-style (their KV is dropped and they are recomputed later), or, with preemption off, they stall.
 
+With prefix caching on, the engine keeps the KV of prompt blocks after their requests end, as
+vLLM does: a request carrying the chained hashes of its prompt's blocks (``prefix``, each covering
+``prefix_block`` tokens) shares every leading block already cached, reference-counted, and skips
+their prefill; blocks no running request holds stay cached but count as free, and are evicted
+least recently used when room is needed. Each request's cached count is reported at its start.
+
 The engine knows nothing of clocks: ``begin_step`` returns how long the step takes by the step-time
 model and ``end_step`` applies it. The simulator advances a virtual clock by that duration; the
 real-time simulated worker sleeps for it.
@@ -12,8 +18,8 @@ real-time simulated worker sleeps for it.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 
 from workers.engines.interface import FinishedRequest, StepReport
 from workers.engines.simulated.steptime import StepTimeModel
@@ -31,6 +37,10 @@ class EngineRequest:
     blocks: int = 0
     ever_started: bool = False
     aborted: bool = False
+    prefix: tuple[int, ...] = ()
+    prefix_block: int = 0
+    cached: int = 0  # prompt tokens found cached when it was last admitted
+    shared: list[int] = field(default_factory=list)  # cached blocks' hashes it holds a reference on
 
     @property
     def context(self) -> int:
@@ -46,6 +56,7 @@ class SimulatedEngine:
         block_size: int = 1,
         max_running: int | None = None,
         preemption: bool = True,
+        prefix_caching: bool = False,
     ) -> None:
         if kv_tokens <= 0 or block_size <= 0:
             raise ValueError("kv_tokens and block_size must be positive")
@@ -53,6 +64,7 @@ class SimulatedEngine:
         self.block_size = block_size
         self.max_running = max_running
         self.preemption = preemption
+        self.prefix_caching = prefix_caching
         self.step_model = step_model
         self.total_blocks = kv_tokens // block_size
         self.used_blocks = 0
@@ -62,6 +74,11 @@ class SimulatedEngine:
         self._plan: tuple[list[EngineRequest], list[EngineRequest], float] | None = None
         self._finished_outside_step: list[FinishedRequest] = []
         self._preempted_last = 0
+        self._refs: dict[int, int] = {}  # cached block hash -> requests holding it
+        self._evictable: OrderedDict[int, int] = OrderedDict()  # held by no one: hash -> KV blocks, LRU first
+        self.evictable_blocks = 0
+        self.prompt_tokens_seen = 0  # prompt tokens admitted (recomputations included), and found cached
+        self.cached_tokens_seen = 0
 
     # ------------------------------------------------------------ interface
 
@@ -101,7 +118,7 @@ class SimulatedEngine:
         admitted = self._admit()
         if not decode and not admitted:
             return 0.0 if self._finished_outside_step else None
-        prefill_tokens = sum(r.context for r in admitted)
+        prefill_tokens = sum(r.context - r.cached for r in admitted)
         context = sum(r.context for r in decode)
         duration = self.step_model.step_time(prefill_tokens, len(decode), context, len(admitted))
         self._plan = (admitted, decode, duration)
@@ -116,9 +133,12 @@ class SimulatedEngine:
         self._finished_outside_step.clear()
         new_tokens = report.new_tokens
         for req in admitted:
+            if self.prefix_caching and req.prefix:
+                self._cache_prompt(req)
             if not req.ever_started:
                 req.ever_started = True
                 report.started[req.id] = req.prompt_tokens
+                report.cached[req.id] = req.cached
         for group in (admitted, decode):
             for req in group:
                 if req.aborted:
@@ -160,9 +180,9 @@ class SimulatedEngine:
             if self.preemption:
                 while shortfall > 0 and decode:
                     victim = decode.pop()
-                    shortfall -= extra[len(decode)] + victim.blocks
-                    self.used_blocks -= victim.blocks
-                    victim.blocks = 0
+                    before = self.used_blocks
+                    self._release(victim)  # its blocks no one else holds become free (cached ones evictable)
+                    shortfall -= extra[len(decode)] + before - self.used_blocks
                     self.running.remove(victim)
                     self.waiting.appendleft(victim)
                     self._preempted_last += 1
@@ -174,6 +194,7 @@ class SimulatedEngine:
         for req, add in zip(decode, extra, strict=True):
             req.blocks += add
             self.used_blocks += add
+        self._evict_to_fit()
         return decode
 
     def _admit(self) -> list[EngineRequest]:
@@ -186,17 +207,75 @@ class SimulatedEngine:
                 self._forget(req, "abort", self._finished_outside_step)
                 continue
             blocks = self._blocks_for(req.context + 1)
-            if blocks > self.total_blocks - self.used_blocks:
+            hits = self._cached_prefix(req) if self.prefix_caching and req.prefix else []
+            shared = len(hits) * self._blocks_for(req.prefix_block)
+            revived = sum(self._evictable.get(h, 0) for h in hits)
+            if blocks - shared + revived > self.total_blocks - self.used_blocks:
                 break
             self.waiting.popleft()
+            for h in hits:  # shared, not allocated: a block no one held comes back from the evictable ones
+                if h in self._evictable:
+                    b = self._evictable.pop(h)
+                    self.evictable_blocks -= b
+                    self.used_blocks += b
+                self._refs[h] = self._refs.get(h, 0) + 1
+            req.shared = list(hits)
+            req.cached = min(len(hits) * req.prefix_block, req.prompt_tokens - 1) if hits else 0
+            self.prompt_tokens_seen += req.prompt_tokens
+            self.cached_tokens_seen += req.cached
             req.blocks = blocks
-            self.used_blocks += blocks
+            self.used_blocks += blocks - shared
+            self._evict_to_fit()
             self.running.append(req)
             admitted.append(req)
         return admitted
 
-    def _forget(self, req: EngineRequest, reason: str, into: list[FinishedRequest]) -> None:
-        self.used_blocks -= req.blocks
+    def _cached_prefix(self, req: EngineRequest) -> list[int]:
+        """The leading blocks of ``req``'s prompt already cached (held or evictable)."""
+        if req.prefix_block % self.block_size:
+            return []  # cached blocks must be whole KV blocks
+        hits: list[int] = []
+        refs, evictable = self._refs, self._evictable
+        for h in req.prefix:
+            if h not in refs and h not in evictable:
+                break
+            hits.append(h)
+        return hits
+
+    def _cache_prompt(self, req: EngineRequest) -> None:
+        """After its prefill, ``req``'s own full prompt blocks become cached blocks it holds."""
+        held = set(req.shared)
+        for h in req.prefix[len(req.shared) :]:
+            if h in self._refs or h in self._evictable or h in held:
+                continue  # cached meanwhile by another request: this copy stays private
+            self._refs[h] = 1
+            req.shared.append(h)
+            held.add(h)
+
+    def _release(self, req: EngineRequest) -> None:
+        """Free ``req``'s blocks: private ones at once, shared ones stay cached once no one holds them."""
+        per = self._blocks_for(req.prefix_block) if req.shared else 0
+        self.used_blocks -= req.blocks - len(req.shared) * per
+        for h in req.shared:
+            left = self._refs[h] - 1
+            if left:
+                self._refs[h] = left
+                continue
+            del self._refs[h]
+            self.used_blocks -= per
+            self._evictable[h] = per
+            self.evictable_blocks += per
+        req.shared = []
         req.blocks = 0
+
+    def _evict_to_fit(self) -> None:
+        """Drop the least recently used unheld cached blocks until the pool holds what is in use."""
+        evictable = self._evictable
+        while self.used_blocks + self.evictable_blocks > self.total_blocks and evictable:
+            _, b = evictable.popitem(last=False)
+            self.evictable_blocks -= b
+
+    def _forget(self, req: EngineRequest, reason: str, into: list[FinishedRequest]) -> None:
+        self._release(req)
         self._by_id.pop(req.id, None)
         into.append(FinishedRequest(req.id, req.generated, reason))

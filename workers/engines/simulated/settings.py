@@ -1,5 +1,6 @@
 """The simulated engine's settings: the ``workers`` section's ``kv_tokens``, ``block_size``,
-``max_running`` and ``step_model`` (``a10g-llama7b`` or the model's coefficients)."""
+``max_running``, ``prefix_caching`` and ``step_model`` (a preset name, ``a10g-llama7b`` or
+``h100-llama3-8b``, or the model's coefficients)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workers.engines.simulated.steptime import StepTimeModel
 
+STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h100-llama3-8b": StepTimeModel.h100_llama3_8b}
+
 
 class SimulatedSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
@@ -16,15 +19,16 @@ class SimulatedSettings(BaseModel):
     kv_tokens: int = Field(10_000, ge=1)
     block_size: int = Field(16, ge=1)
     max_running: int | None = Field(None, ge=1)
+    prefix_caching: bool = True
     step_model: dict[str, float] = Field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
 
     @field_validator("step_model", mode="before")
     @classmethod
     def _step_model(cls, value: Any) -> Any:
-        if value == "a10g-llama7b":
-            return StepTimeModel.a10g_llama7b().to_dict()
+        if value in STEP_PRESETS:
+            return STEP_PRESETS[value]().to_dict()
         if not isinstance(value, dict):
-            raise ValueError("must be 'a10g-llama7b' or a mapping of coefficients")
+            raise ValueError(f"must be one of {', '.join(STEP_PRESETS)} or a mapping of coefficients")
         try:
             return StepTimeModel(**{k: float(v) for k, v in value.items()}).to_dict()
         except (TypeError, ValueError) as exc:

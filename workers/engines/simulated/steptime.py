@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+H100_LLAMA3_8B_KV_TOKENS = 400_000  # 80 GB less weights and activations, at 128 KiB per token
+
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
@@ -42,6 +44,16 @@ class StepTimeModel:
         """Fitted by ``from_profile`` to the paper's A10G / Llama-7B profile (10,000-token KV pool):
         about 900 tokens/s on 256-in / 256-out requests, like the paper's engine."""
         return cls(0.024566, 0.00021367, 0.00010250, 1.4968e-06, 0.00045179)
+
+    @classmethod
+    def h100_llama3_8b(cls) -> StepTimeModel:
+        """A GPU-class engine for traces with long prompts (pair it with ``H100_LLAMA3_8B_KV_TOKENS``).
+        Derived, not measured: Llama-3-8B (16 GB of bf16 weights, 128 KiB of KV per token with GQA) on
+        an H100 SXM (989 TFLOPS dense bf16, 3.35 TB/s), at the efficiencies of the A10G fit above:
+        prefill at its ~52% of peak compute (16 GFLOP per token -> 27 us), each step reading the
+        weights once (~5 ms) plus launch overhead, decode per sequence and per context token scaled by
+        the bandwidth ratio (5.6x) and, per context token, by the smaller KV of GQA."""
+        return cls(0.0055, 0.000027, 0.000018, 8.0e-08, 0.00008)
 
     @classmethod
     def zero(cls) -> StepTimeModel:
