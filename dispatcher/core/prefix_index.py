@@ -27,28 +27,37 @@ MIN_CAPACITY = 0.05  # never model less than this fraction of the pool
 class WorkerCache:
     """One worker's modelled cache: hash -> tokens it covers, least recently used first."""
 
-    __slots__ = ("blocks", "capacity", "pool_tokens", "tokens")
+    __slots__ = ("blocks", "capacity", "pool_tokens", "tokens", "version")
 
     def __init__(self, pool_tokens: int) -> None:
         self.pool_tokens = pool_tokens
         self.capacity = float(pool_tokens)
         self.blocks: OrderedDict[int, int] = OrderedDict()
         self.tokens = 0
+        self.version = 0  # bumped by every change of what is held
 
     def matched(self, prefix: Sequence[int]) -> int:
-        """How many leading blocks of ``prefix`` are held."""
+        """How many leading blocks of ``prefix`` are held: a binary search, as what is held of a
+        chain is always a leading part of it (``touch``)."""
         blocks = self.blocks
-        n = 0
-        for h in prefix:
-            if h not in blocks:
-                break
-            n += 1
-        return n
+        if not prefix or prefix[0] not in blocks:
+            return 0
+        lo, hi = 1, len(prefix)  # prefix[:lo] held; is prefix[:hi] ?
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if prefix[mid - 1] in blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def touch(self, prefix: Sequence[int], block_tokens: int) -> None:
-        """``prefix``'s blocks are (or are about to be) in the cache, most recently used."""
+        """``prefix``'s blocks are (or are about to be) in the cache, most recently used. Touched
+        last block first, so that a block is always more recent than the ones after it in any
+        chain: eviction takes a chain from its end, and what stays is a leading part."""
+        self.version += 1
         blocks = self.blocks
-        for h in prefix:
+        for h in reversed(prefix):
             if h in blocks:
                 blocks.move_to_end(h)
             else:
@@ -57,6 +66,7 @@ class WorkerCache:
         self._evict()
 
     def _evict(self) -> None:
+        self.version += 1
         blocks = self.blocks
         while self.tokens > self.capacity and blocks:
             _, tokens = blocks.popitem(last=False)
@@ -66,15 +76,17 @@ class WorkerCache:
 class PrefixIndex:
     """The modelled caches of all workers of one pool."""
 
-    __slots__ = ("_workers",)
+    __slots__ = ("_last", "_workers", "used")
 
     def __init__(self) -> None:
         self._workers: dict[str, WorkerCache] = {}
-
-    def __bool__(self) -> bool:
-        return any(w.blocks for w in self._workers.values())
+        # worker -> (its cache's state, prefix, answer) of the last question: a decision asks the
+        # same one several times (placement, then the charge), and the answer holds until a change
+        self._last: dict[str, tuple[int, Sequence[int], int]] = {}
+        self.used = False  # anything was ever recorded (until then, nothing can be expected anywhere)
 
     def join(self, worker_id: str, pool_tokens: int) -> None:
+        self._last.pop(worker_id, None)
         cache = self._workers.get(worker_id)
         if cache is None:
             self._workers[worker_id] = WorkerCache(pool_tokens)
@@ -85,19 +97,26 @@ class PrefixIndex:
 
     def leave(self, worker_id: str) -> None:
         self._workers.pop(worker_id, None)
+        self._last.pop(worker_id, None)
 
     def expected_tokens(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> int:
         """Prompt tokens a request with ``prefix`` should find cached on ``worker_id``."""
         cache = self._workers.get(worker_id)
         if cache is None or not prefix:
             return 0
-        return cache.matched(prefix) * block_tokens
+        last = self._last.get(worker_id)
+        if last is not None and last[1] is prefix and last[0] == cache.version:
+            return last[2] * block_tokens
+        n = cache.matched(prefix)
+        self._last[worker_id] = (cache.version, prefix, n)
+        return n * block_tokens
 
     def dispatched(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> None:
         """A request with ``prefix`` was sent to ``worker_id``: its blocks will be cached there."""
         cache = self._workers.get(worker_id)
         if cache is not None and prefix:
             cache.touch(prefix, block_tokens)
+            self.used = True
 
     def observed(self, worker_id: str, expected: int, exact: int) -> None:
         """A request started on ``worker_id`` with ``exact`` cached tokens where ``expected`` were
@@ -126,13 +145,14 @@ class PrefixIndex:
         }
 
     def restore(self, data: Mapping[str, Any]) -> None:
-        self._workers = {}
+        self._workers, self._last = {}, {}
         for wid, row in data.items():
             cache = WorkerCache(int(row["pool_tokens"]))
             cache.capacity = float(row["capacity"])
             cache.blocks = OrderedDict((int(h), int(t)) for h, t in _pairs(row["blocks"]))
             cache.tokens = sum(cache.blocks.values())
             self._workers[wid] = cache
+            self.used = self.used or bool(cache.blocks)
 
 
 def _pairs(rows: Iterable[Any]) -> Iterable[tuple[Any, Any]]:

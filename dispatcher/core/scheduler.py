@@ -240,11 +240,12 @@ class FairScheduler:
                 break
             tenant = tenants[top[1]]
             req = next_request(tenant)
-            if self._slack > 0 and self.prefixes:
+            if self._slack > 0 and req.prefix and self.prefixes.used:
                 picked = self._local_pick(top[0], tenant, req)
                 if picked is not None:
-                    tenant, req, slot = picked
-                    out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=False), slot.id))
+                    picked_tenant, picked_req, slot = picked
+                    at_top = picked_req is req
+                    out.append(Assignment(self._dispatch(picked_tenant, picked_req, slot, now, at_top), slot.id))
                     continue
             slot = place(req.need, req)
             if slot is None:
@@ -746,14 +747,18 @@ class FairScheduler:
         within Δ / w, so that the weighted bound holds for every pair), and among the first
         ``LOCAL_WINDOW`` requests of each, the request that finds the longest cached prefix on a
         worker that can start it now. A head request passed over ``MAX_PASSES`` times by later ones
-        of its tenant goes first. None: no one gains over the policy's own choice (``head`` of
-        ``top``), which then goes as usual."""
-        slack, key, place, expected = self._slack, self._key, self.workers.place, self.prefixes.expected_tokens
+        of its tenant goes first. Returns the pick (``head`` of ``top`` itself when no one gains
+        over it), or None when ``head`` cannot start and no one else gains (the usual rules apply)."""
+        place, expected = self.workers.place, self.prefixes.expected_tokens
+        head_slot = place(head.need, head)
+        head_gain = -1 if head_slot is None else expected(head_slot.id, head.prefix, head.block_tokens)
+        if head_gain >= min(len(head.prefix) * head.block_tokens, head.prompt_tokens - 1):
+            return None if head_slot is None else (top, head, head_slot)  # nothing can beat a full hit
+        slack, key = self._slack, self._key
         best: tuple[int, Tenant, Request, WorkerSlot] | None = None
-        head_gain = 0
         for name in self._waiting.smallest(LOCAL_TENANTS):
             t = self.tenants[name]
-            if t is not top and key(name) > floor + slack / t.weight:
+            if t is top or key(name) > floor + slack / t.weight:
                 continue  # entries below the top may hold stale keys: check each
             queue = t.queue
             window = 1 if queue[0].passed >= MAX_PASSES else LOCAL_WINDOW
@@ -766,12 +771,10 @@ class FairScheduler:
                 if slot is None:
                     continue
                 gain = expected(slot.id, req.prefix, req.block_tokens)
-                if req is head:
-                    head_gain = gain
-                if best is None or gain > best[0]:
+                if gain > head_gain and (best is None or gain > best[0]):
                     best = (gain, t, req, slot)
-        if best is None or best[2] is head or best[0] <= head_gain:
-            return None
+        if best is None:
+            return None if head_slot is None else (top, head, head_slot)
         _, t, req, slot = best
         if t.queue[0] is not req:
             t.queue[0].passed += 1

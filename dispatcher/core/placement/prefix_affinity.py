@@ -31,13 +31,19 @@ class PrefixAffinity(PlacementRule):
         self._prefixes = prefixes
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
-        def most_room(w: WorkerSlot) -> tuple[int, int, str]:
-            return (-w.room(), w.running + w.pending_count, w.id)
-
         if request is None or not request.prefix:
-            return min(fits, key=most_room)
+            return min(fits, key=_most_room)
         emptiest = min(w.committed / w.kv_tokens for w in fits)
-        near = [w for w in fits if w.committed / w.kv_tokens <= emptiest + BALANCE]
-        expected = self._prefixes.expected_tokens
-        prefix, block = request.prefix, request.block_tokens
-        return min(near, key=lambda w: (-expected(w.id, prefix, block), *most_room(w)))
+        expected, prefix, block = self._prefixes.expected_tokens, request.prefix, request.block_tokens
+        best, best_gain = None, -1
+        for w in fits:
+            if w.committed / w.kv_tokens > emptiest + BALANCE:
+                continue
+            gain = expected(w.id, prefix, block)
+            if gain > best_gain or (gain == best_gain and _most_room(w) < _most_room(best)):  # type: ignore[arg-type]
+                best, best_gain = w, gain
+        return best  # type: ignore[return-value]  # the emptiest is always near
+
+
+def _most_room(w: WorkerSlot) -> tuple[int, int, str]:
+    return (-w.room(), w.running + w.pending_count, w.id)

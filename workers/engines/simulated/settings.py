@@ -1,6 +1,6 @@
 """The simulated engine's settings: the ``workers`` section's ``kv_tokens``, ``block_size``,
 ``max_running``, ``prefix_caching`` and ``step_model`` (a preset name, ``a10g-llama7b`` or
-``h100-llama3-8b``, or the model's coefficients)."""
+``h200-llama3-8b``, or the model's coefficients)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from workers.engines.simulated.steptime import StepTimeModel
 
-STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h100-llama3-8b": StepTimeModel.h100_llama3_8b}
+STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h200-llama3-8b": StepTimeModel.h200_llama3_8b}
 
 
 class SimulatedSettings(BaseModel):

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-H100_LLAMA3_8B_KV_TOKENS = 400_000  # 80 GB less weights and activations, at 128 KiB per token
+H200_LLAMA3_8B_KV_TOKENS = 850_000  # 141 GB less weights (16 GB) and activations (~13 GB), at 128 KiB per token
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +46,15 @@ class StepTimeModel:
         return cls(0.024566, 0.00021367, 0.00010250, 1.4968e-06, 0.00045179)
 
     @classmethod
-    def h100_llama3_8b(cls) -> StepTimeModel:
-        """A GPU-class engine for traces with long prompts (pair it with ``H100_LLAMA3_8B_KV_TOKENS``).
-        Derived, not measured: Llama-3-8B (16 GB of bf16 weights, 128 KiB of KV per token with GQA) on
-        an H100 SXM (989 TFLOPS dense bf16, 3.35 TB/s), at the efficiencies of the A10G fit above:
-        prefill at its ~52% of peak compute (16 GFLOP per token -> 27 us), each step reading the
-        weights once (~5 ms) plus launch overhead, decode per sequence and per context token scaled by
-        the bandwidth ratio (5.6x) and, per context token, by the smaller KV of GQA."""
-        return cls(0.0055, 0.000027, 0.000018, 8.0e-08, 0.00008)
+    def h200_llama3_8b(cls) -> StepTimeModel:
+        """A GPU-class engine for traces with long prompts (pair it with ``H200_LLAMA3_8B_KV_TOKENS``).
+        Derived from datasheet figures, not measured: Llama-3-8B (16 GB of bf16 weights, 16 GFLOP per
+        token, 128 KiB of KV per token with GQA) on an H200 (989 TFLOPS dense bf16, 4.8 TB/s), at the
+        efficiencies of the A10G fit above: prefill at its ~52% of peak compute (27 us per token, 56 us
+        per sequence), each step reading the weights once plus launch overhead (4.5 ms), decode per
+        sequence scaled by the bandwidth ratio (8x: 13 us), per context token the KV read at half the
+        bandwidth (0.055 us)."""
+        return cls(0.0045, 0.000027, 0.000013, 5.5e-08, 0.000056)
 
     @classmethod
     def zero(cls) -> StepTimeModel:
