@@ -45,6 +45,7 @@ class TenantConfig(_Section):
     name: str
     key_hash: str
     weight: float = 1.0
+    cache_group: str = ""  # tenants of one group share cached prefixes ("": the tenant's own, apart)
 
 
 class LimitsSettings(_Section):
@@ -339,7 +340,12 @@ def _tenants(raw: dict[str, Any], where: str, generated: dict[str, str]) -> list
         weight = t.get("weight", 1)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
             raise ConfigError(f"{where}: tenants[{i}].weight must be a positive number, got {weight!r}")
-        tenants.append(TenantConfig(name=str(t["name"]), key_hash=hash_key(key), weight=float(weight)))
+        group = t.get("cache_group") or ""
+        if not isinstance(group, str) or len(group) > 64:
+            raise ConfigError(f"{where}: tenants[{i}].cache_group must be a name of at most 64 characters")
+        tenants.append(
+            TenantConfig(name=str(t["name"]), key_hash=hash_key(key), weight=float(weight), cache_group=group)
+        )
     if not tenants:
         raise ConfigError(f"{where}: at least one tenant is needed")
     if len({t.name for t in tenants}) != len(tenants) or len({t.key_hash for t in tenants}) != len(tenants):

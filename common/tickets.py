@@ -28,6 +28,7 @@ class TicketFields:
     expires_at: float
     prompt_tokens: int = 0  # the admitted size: the worker serves at most this
     max_tokens: int = 0
+    cache_group: str = ""  # the prefix-cache salt's owner: the tenant's sharing group ("" : the tenant)
 
 
 def _encode(parts: list[str]) -> bytes:
@@ -37,6 +38,7 @@ def _encode(parts: list[str]) -> bytes:
 
 def _message(f: TicketFields) -> bytes:
     parts = [f.request_id, f.tenant, f.worker_id, repr(float(f.expires_at)), str(f.prompt_tokens), str(f.max_tokens)]
+    parts.append(f.cache_group)
     return _encode(parts)
 
 
@@ -53,7 +55,13 @@ def ticket_message(fields: TicketFields, signature: bytes) -> pb.Ticket:
 
 def ticket_fields(ticket: pb.Ticket) -> TicketFields:
     return TicketFields(
-        ticket.request_id, ticket.tenant, ticket.worker_id, ticket.expires_at, ticket.prompt_tokens, ticket.max_tokens
+        ticket.request_id,
+        ticket.tenant,
+        ticket.worker_id,
+        ticket.expires_at,
+        ticket.prompt_tokens,
+        ticket.max_tokens,
+        ticket.cache_group,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from common.loopback import bind_host
+from common.prefix_hashes import salted
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
@@ -156,16 +157,32 @@ class DispatcherActor:
         retry: bool = False,
         key_hash: str | None = None,
         model: str | None = None,
+        prefix: list[int] | tuple[int, ...] = (),
+        block_tokens: int = 0,
     ) -> dict[str, Any]:
         """Resolves when the request is assigned: where to run it and the signed ticket. ``key_hash``:
         the caller's API key, checked against the registry here, so a key revoked or rotated through
-        any ingress replica stops working at once on all of them (their key caches notwithstanding)."""
+        any ingress replica stops working at once on all of them (their key caches notwithstanding).
+        ``prefix``: the prompt's block hashes (of ``block_tokens`` tokens each), salted here by the
+        tenant's cache group."""
         await self._ready()
         if key_hash is not None and self._registry.lookup(key_hash) != tenant:
             return {"rejected": REJECT_UNKNOWN_KEY}
         service = self._pool(model)
+        record = self._registry.get(tenant)
+        group = (record.cache_group if record is not None else "") or tenant
+        cached = salted(prefix, group) if prefix and block_tokens > 0 else ()
         try:
-            p = await service.submit(request_id, tenant, prompt_tokens, max_tokens, retry=retry)
+            p = await service.submit(
+                request_id,
+                tenant,
+                prompt_tokens,
+                max_tokens,
+                retry=retry,
+                prefix=cached,
+                block_tokens=block_tokens,
+                cache_group=group if group != tenant else "",
+            )
         except Rejected as exc:
             return {"rejected": exc.reason}
         return {
@@ -220,7 +237,14 @@ class DispatcherActor:
             for name in self._registry.names()
         ]
 
-    async def change_tenant(self, action: str, name: str, key_hash: str | None = None, weight: float | None = None):
+    async def change_tenant(
+        self,
+        action: str,
+        name: str,
+        key_hash: str | None = None,
+        weight: float | None = None,
+        cache_group: str | None = None,
+    ):
         """create / update / delete, saved to the store before it counts; returns the tenant's row, or
         {"error": (status, message)}."""
         await self._ready()
@@ -228,9 +252,9 @@ class DispatcherActor:
         before = self._registry.records()
         try:
             if action == "create":
-                self._registry.create(name, key_hash or "", 1.0 if weight is None else weight)
+                self._registry.create(name, key_hash or "", 1.0 if weight is None else weight, cache_group or "")
             elif action == "update":
-                self._registry.update(name, weight=weight, key_hash=key_hash)
+                self._registry.update(name, weight=weight, key_hash=key_hash, cache_group=cache_group)
             elif action == "delete":
                 self._registry.delete(name)  # its counters stay: re-creating the name gains no credit
             else:

@@ -76,6 +76,7 @@ class DispatcherService:
         self._pending: dict[str, asyncio.Future[Placement]] = {}
         # requests put back in their queues when their worker died, waiting for their caller to ask again
         self._orphans: dict[str, asyncio.Future[Placement]] = {}
+        self.cache_groups: dict[str, str] = {}  # tenant -> its cache sharing group, for the tickets
         self._links: dict[str, _WorkerLink] = {}
         self._server: grpc.aio.Server | None = None
         self._nonces = NonceBook()  # worker credentials taken (each attaches once)
@@ -107,17 +108,32 @@ class DispatcherService:
     # ------------------------------------------------------------------ ingress API
 
     async def submit(
-        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, *, retry: bool = False
+        self,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        retry: bool = False,
+        prefix: tuple[int, ...] = (),
+        block_tokens: int = 0,
+        cache_group: str = "",
     ) -> Placement:
         """Queue a request; return once the core assigns it. Cancelling the call withdraws it.
 
         ``retry``: the caller asks again for a request it submitted before, with the same id, because
         its worker could not be reached or the dispatcher restarted. A request put back in its queue
         keeps its place; one still assigned but never started goes back to the head of its queue; one
-        this dispatcher does not know is queued afresh. Never two copies of one request."""
+        this dispatcher does not know is queued afresh. Never two copies of one request. ``prefix``:
+        its prompt's block hashes, salted by ``cache_group`` (the ticket names it, so the worker salts
+        the engine's cache the same way; "" : the tenant's own)."""
+        if cache_group:
+            self.cache_groups[tenant] = cache_group
+        else:
+            self.cache_groups.pop(tenant, None)
         future = self._orphans.pop(request_id, None) if retry else None
         if future is None:
-            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry)
+            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry, prefix, block_tokens)
         try:
             return await future
         except asyncio.CancelledError:
@@ -126,7 +142,14 @@ class DispatcherService:
             raise
 
     def _queue(
-        self, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, retry: bool
+        self,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        retry: bool,
+        prefix: tuple[int, ...] = (),
+        block_tokens: int = 0,
     ) -> asyncio.Future[Placement]:
         s = self.scheduler
         known = s.in_flight().get(request_id)
@@ -138,7 +161,16 @@ class DispatcherService:
         elif retry and s.was_lost(request_id):  # it had started on a worker that died: never twice
             raise Rejected(FINISH_WORKER_LOST)
         elif not (retry and s.is_queued(request_id)):
-            reason = s.submit(request_id, tenant, prompt_tokens, max_tokens, self._clock(), resumed=retry)
+            reason = s.submit(
+                request_id,
+                tenant,
+                prompt_tokens,
+                max_tokens,
+                self._clock(),
+                resumed=retry,
+                prefix=prefix,
+                block_tokens=block_tokens,
+            )
             if reason is not None:
                 raise Rejected(reason)
         stale = self._pending.get(request_id)
@@ -231,7 +263,10 @@ class DispatcherService:
             if future is None or future.done():  # its caller left in the meantime
                 self.scheduler.on_finish(req.id, 0, "abort", now)
                 continue
-            fields = TicketFields(req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens)
+            group = self.cache_groups.get(req.tenant, "")
+            fields = TicketFields(
+                req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens, group
+            )
             link = self._links.get(a.worker_id)
             future.set_result(
                 Placement(req.id, a.worker_id, link.address if link else "", fields, sign(self._secret, fields))
@@ -299,6 +334,7 @@ class DispatcherService:
                 worker_id,
                 {t.request_id: t.tokens for t in r.new_tokens},
                 started={st.request_id: st.prompt_tokens for st in r.started},
+                cached={st.request_id: st.cached_tokens for st in r.started},
                 free_tokens=int(r.free_tokens),
                 running=r.running,
                 waiting=r.waiting,

@@ -26,6 +26,7 @@ class TenantRecord:
     name: str
     key_hash: str
     weight: float = 1.0
+    cache_group: str = ""  # shares cached prefixes with the tenants of this group ("": with no one)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,7 +37,7 @@ class TenantRegistry:
         self._by_name: dict[str, TenantRecord] = {}
         self._by_hash: dict[str, str] = {}
         for r in records:
-            self.create(r["name"], r["key_hash"], float(r.get("weight", 1.0)))
+            self.create(r["name"], r["key_hash"], float(r.get("weight", 1.0)), str(r.get("cache_group") or ""))
 
     def lookup(self, key_hash: str) -> str | None:
         return self._by_hash.get(key_hash)
@@ -50,20 +51,26 @@ class TenantRegistry:
     def records(self) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self._by_name.values()]
 
-    def create(self, name: str, key_hash: str, weight: float) -> TenantRecord:
+    def create(self, name: str, key_hash: str, weight: float, cache_group: str = "") -> TenantRecord:
         if not _NAME.fullmatch(name or ""):
             raise TenantError(400, "tenant names are 1-64 letters, digits, '_', '.', '-', starting alphanumeric")
         _check_weight(weight)
+        _check_group(cache_group)
         if name in self._by_name:
             raise TenantError(409, f"tenant {name!r} already exists")
         if key_hash in self._by_hash:
             raise TenantError(409, "that API key belongs to another tenant")
-        record = self._by_name[name] = TenantRecord(name, key_hash, weight)
+        record = self._by_name[name] = TenantRecord(name, key_hash, weight, cache_group)
         self._by_hash[key_hash] = name
         return record
 
-    def update(self, name: str, weight: float | None = None, key_hash: str | None = None) -> TenantRecord:
+    def update(
+        self, name: str, weight: float | None = None, key_hash: str | None = None, cache_group: str | None = None
+    ) -> TenantRecord:
         record = self._require(name)
+        if cache_group is not None:
+            _check_group(cache_group)
+            record.cache_group = cache_group
         if weight is not None:
             _check_weight(weight)
             record.weight = weight
@@ -85,6 +92,11 @@ class TenantRegistry:
         if record is None:
             raise TenantError(404, f"no tenant {name!r}")
         return record
+
+
+def _check_group(group: str) -> None:
+    if not isinstance(group, str) or len(group) > 64:
+        raise TenantError(400, f"cache_group must be a name of at most 64 characters, got {group!r}")
 
 
 def _check_weight(weight: float) -> None:

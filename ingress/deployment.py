@@ -231,7 +231,14 @@ class Ingress:
         try:
             with trace.queue_span() as queue:
                 placement = await self._submit(
-                    pool.name, rid, tenant, key_hash, admitted.prompt_tokens, admitted.max_tokens
+                    pool.name,
+                    rid,
+                    tenant,
+                    key_hash,
+                    admitted.prompt_tokens,
+                    admitted.max_tokens,
+                    admitted.prefix,
+                    admitted.block_tokens,
                 )
                 trace.dispatched(queue, placement)
         except BaseException as exc:
@@ -296,14 +303,17 @@ class Ingress:
         key_hash: str,
         prompt_tokens: int,
         max_tokens: int,
+        prefix: tuple[int, ...] = (),
+        block_tokens: int = 0,
         retry: bool = False,
     ) -> dict[str, Any]:
         """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
         restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
         key again."""
         args = (rid, tenant, prompt_tokens, max_tokens)
+        cache = (prefix, block_tokens)
         placement = await self._ask_dispatcher(
-            "submit", (*args, retry, key_hash, model), again=(*args, True, key_hash, model)
+            "submit", (*args, retry, key_hash, model, *cache), again=(*args, True, key_hash, model, *cache)
         )
         if "rejected" in placement:
             raise rejection_error(placement["rejected"])

@@ -30,7 +30,7 @@ class ModelPools:
         self._pools: dict[str, Pool] = {}
         for m in gateway["models"]:
             tenants = None if m.get("tenants") is None else frozenset(m["tenants"])
-            self._pools[m["name"]] = Pool(m["name"], Prompting(gateway, m["workers"]), tenants)
+            self._pools[m["name"]] = Pool(m["name"], Prompting(gateway, m["workers"], m["name"]), tenants)
 
     def pool(self, model: str, tenant: str) -> Pool:
         """The pool serving ``model`` for ``tenant``; 404 when there is none it may use."""

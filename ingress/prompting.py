@@ -4,7 +4,8 @@ output budget (``max_tokens``, the default when absent, for every choice), and t
 
 The estimate only sizes the admission: the engine's exact count at start corrects the charge. A body
 the template cannot render (the engine's layer will refuse it with its own 400) is estimated from its
-text, so a malformed request never fails here with a 500.
+text, so a malformed request never fails here with a 500. The same tokens give the prompt's block
+hashes (``common.prefix_hashes``): the dispatcher places and charges by cached prefix without text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.openai_errors import ApiError
+from common.prefix_hashes import block_hashes, hash_block_tokens
 from ingress.openai_api import ChatAdmission, CompletionAdmission
 from workers.engines import engine_for
 
@@ -34,29 +36,39 @@ class Admitted:
     prompt_tokens: int  # all choices
     max_tokens: int  # all choices
     choices: int
+    prefix: tuple[int, ...] = ()  # the prompt's block hashes (unsalted: the dispatcher salts them)
+    block_tokens: int = 0
 
 
 class Prompting:
-    def __init__(self, gateway: dict[str, Any], workers: dict[str, Any]) -> None:
+    def __init__(self, gateway: dict[str, Any], workers: dict[str, Any], model: str = "") -> None:
         self._estimator = engine_for(workers["engine"]).prompts(workers["settings"])
         self._default_max_tokens = int(gateway["ingress"]["default_max_tokens"])
+        self.hash_block = hash_block_tokens(engine_for(workers["engine"]).block_size(workers["settings"]))
+        self.model = model
         self.context_limit = context_limit(gateway, workers)
 
-    def prompt_tokens(self, req: ChatAdmission | CompletionAdmission) -> int:
+    def prompt(self, req: ChatAdmission | CompletionAdmission) -> tuple[int, list[int] | None]:
+        """The prompt's token count, and its tokens when known."""
         if isinstance(req, CompletionAdmission):
             if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
-                return len(req.prompt)
+                return len(req.prompt), list(req.prompt)
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            return self._estimator.count(text, templated=False)
+            tokens = self._estimator.tokens(text, templated=False)
+            return len(tokens), tokens
         try:
             prompt = self._estimator.chat_prompt(req.messages, req.tools)
-            return self._estimator.count(prompt, templated=True)
+            tokens = self._estimator.tokens(prompt, templated=True)
+            return len(tokens), tokens
         except Exception:  # not renderable: the engine's layer gives the client its own 400
-            return len(json.dumps(req.messages)) // ROUGH_CHARS_PER_TOKEN + 1
+            return len(json.dumps(req.messages)) // ROUGH_CHARS_PER_TOKEN + 1, None
+
+    def prompt_tokens(self, req: ChatAdmission | CompletionAdmission) -> int:
+        return self.prompt(req)[0]
 
     def admit(self, req: ChatAdmission | CompletionAdmission) -> Admitted:
         """The admitted size of a request; 400 when it does not fit the context."""
-        prompt_tokens = self.prompt_tokens(req)
+        prompt_tokens, tokens = self.prompt(req)
         max_tokens = req.asked_max_tokens() or self._default_max_tokens
         limit = self.context_limit
         if prompt_tokens + max_tokens > limit:
@@ -68,4 +80,5 @@ class Prompting:
                 code="context_length_exceeded",
             )
         n = req.choices()
-        return Admitted(prompt_tokens * n, max_tokens * n, n)
+        prefix = block_hashes(tokens, self.hash_block, self.model) if tokens else ()
+        return Admitted(prompt_tokens * n, max_tokens * n, n, prefix, self.hash_block if prefix else 0)

@@ -278,7 +278,7 @@ class _WorkerServicer(rpc.WorkerServicer):
             w.settle_unreached(t.request_id)
             yield _refusal(400, str(exc) if isinstance(exc, BodyRefused) else "the request body is not valid JSON")
             return
-        body["cache_salt"] = w.cache_salt(t.tenant)
+        body["cache_salt"] = w.cache_salt(t.cache_group or t.tenant)  # its sharing group's, else its own
         span = tracer().start_span(
             "fairgate.worker.generate",
             context=extract_context(context.invocation_metadata()),
@@ -360,7 +360,10 @@ def _report_message(report: StepReport, running: dict[str, _Running]) -> pb.Step
     for rid, n in report.started.items():
         r = running.get(rid)
         tenant, max_tokens = (r.tenant, r.max_tokens) if r else ("", 0)
-        started.append(pb.Started(request_id=rid, prompt_tokens=n, tenant=tenant, max_tokens=max_tokens))
+        cached = report.cached.get(rid, 0)
+        started.append(
+            pb.Started(request_id=rid, prompt_tokens=n, tenant=tenant, max_tokens=max_tokens, cached_tokens=cached)
+        )
     return pb.StepReport(
         started=started,
         new_tokens=[pb.TokenCount(request_id=rid, tokens=k) for rid, k in report.new_tokens.items()],

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\x12*\n\x05\x65nded\x18\x07 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"v\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\"\xd6\x01\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\"X\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xb9\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x42\x06\n\x04kind\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x91\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\"\x92\x01\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x63hoices\x18\x06 \x01(\x05\"\x8c\x01\n\rGenerateChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x15\n\rfinish_reason\x18\x06 \x01(\t2W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x32P\n\x06Worker\x12\x46\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1a.fairgate.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\x12*\n\x05\x65nded\x18\x07 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"v\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\"\xd6\x01\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\"o\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xb9\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x42\x06\n\x04kind\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xa6\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_group\x18\x08 \x01(\t\"\x92\x01\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x63hoices\x18\x06 \x01(\x05\"\x8c\x01\n\rGenerateChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x15\n\rfinish_reason\x18\x06 \x01(\t2W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x32P\n\x06Worker\x12\x46\n\x08Generate\x12\x1c.fairgate.v1.GenerateRequest\x1a\x1a.fairgate.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,31 +40,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREPORT']._serialized_start=507
   _globals['_STEPREPORT']._serialized_end=721
   _globals['_STARTED']._serialized_start=723
-  _globals['_STARTED']._serialized_end=811
-  _globals['_TOKENCOUNT']._serialized_start=813
-  _globals['_TOKENCOUNT']._serialized_end=861
-  _globals['_FINISHED']._serialized_start=863
-  _globals['_FINISHED']._serialized_end=932
-  _globals['_GOODBYE']._serialized_start=934
-  _globals['_GOODBYE']._serialized_end=959
-  _globals['_DISPATCHERMESSAGE']._serialized_start=962
-  _globals['_DISPATCHERMESSAGE']._serialized_end=1147
-  _globals['_WELCOME']._serialized_start=1149
-  _globals['_WELCOME']._serialized_end=1181
-  _globals['_DRAIN']._serialized_start=1183
-  _globals['_DRAIN']._serialized_end=1190
-  _globals['_RELEASED']._serialized_start=1192
-  _globals['_RELEASED']._serialized_end=1202
-  _globals['_ABORT']._serialized_start=1204
-  _globals['_ABORT']._serialized_end=1231
-  _globals['_TICKET']._serialized_start=1234
-  _globals['_TICKET']._serialized_end=1379
-  _globals['_GENERATEREQUEST']._serialized_start=1382
-  _globals['_GENERATEREQUEST']._serialized_end=1528
-  _globals['_GENERATECHUNK']._serialized_start=1531
-  _globals['_GENERATECHUNK']._serialized_end=1671
-  _globals['_DISPATCHER']._serialized_start=1673
-  _globals['_DISPATCHER']._serialized_end=1760
-  _globals['_WORKER']._serialized_start=1762
-  _globals['_WORKER']._serialized_end=1842
+  _globals['_STARTED']._serialized_end=834
+  _globals['_TOKENCOUNT']._serialized_start=836
+  _globals['_TOKENCOUNT']._serialized_end=884
+  _globals['_FINISHED']._serialized_start=886
+  _globals['_FINISHED']._serialized_end=955
+  _globals['_GOODBYE']._serialized_start=957
+  _globals['_GOODBYE']._serialized_end=982
+  _globals['_DISPATCHERMESSAGE']._serialized_start=985
+  _globals['_DISPATCHERMESSAGE']._serialized_end=1170
+  _globals['_WELCOME']._serialized_start=1172
+  _globals['_WELCOME']._serialized_end=1204
+  _globals['_DRAIN']._serialized_start=1206
+  _globals['_DRAIN']._serialized_end=1213
+  _globals['_RELEASED']._serialized_start=1215
+  _globals['_RELEASED']._serialized_end=1225
+  _globals['_ABORT']._serialized_start=1227
+  _globals['_ABORT']._serialized_end=1254
+  _globals['_TICKET']._serialized_start=1257
+  _globals['_TICKET']._serialized_end=1423
+  _globals['_GENERATEREQUEST']._serialized_start=1426
+  _globals['_GENERATEREQUEST']._serialized_end=1572
+  _globals['_GENERATECHUNK']._serialized_start=1575
+  _globals['_GENERATECHUNK']._serialized_end=1715
+  _globals['_DISPATCHER']._serialized_start=1717
+  _globals['_DISPATCHER']._serialized_end=1804
+  _globals['_WORKER']._serialized_start=1806
+  _globals['_WORKER']._serialized_end=1886
 # @@protoc_insertion_point(module_scope)

@@ -53,6 +53,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     templated: bool = False  # a chat template was applied: tokenize without adding special tokens
+    cache_salt: str = ""  # the prefix cache keeps prompts of different salts apart
 
 
 @dataclass(slots=True)
@@ -139,6 +140,10 @@ class PromptEstimator(Protocol):
         """Prompt tokens of ``text`` (a templated prompt already carries its special tokens)."""
         ...
 
+    def tokens(self, text: str, templated: bool) -> list[int]:
+        """The token ids of ``text``, as ``count`` counts them (for the prompt's prefix hashes)."""
+        ...
+
 
 Settings = dict[str, Any]  # an engine's validated settings, as plain data (they travel through Ray)
 
@@ -171,6 +176,10 @@ class EnginePlugin:
     def context_limit(self, settings: Settings) -> int | None:
         """The longest prompt plus output the engine takes, when known before it starts."""
         return None
+
+    def block_size(self, settings: Settings) -> int:
+        """Tokens per KV block of the engine's prefix cache (what the ingress hashes prompts by)."""
+        return 16
 
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         """KV tokens and batch limit of one replica, used before replicas report their own."""

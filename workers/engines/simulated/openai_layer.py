@@ -84,6 +84,7 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
             stop=tuple(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             templated=chat,
+            cache_salt=admission.cache_salt if admission is not None else str(body.get("cache_salt") or ""),
         )
         deltas = runner.generate(rid, params)
         stops = StopScanner(req.stop_strings())

@@ -30,7 +30,11 @@ class SimulatedPlugin(EnginePlugin):
 
         s = SimulatedSettings.model_validate(settings)
         engine = SimulatedEngine(
-            s.kv_tokens, StepTimeModel(**s.step_model), block_size=s.block_size, max_running=s.max_running
+            s.kv_tokens,
+            StepTimeModel(**s.step_model),
+            block_size=s.block_size,
+            max_running=s.max_running,
+            prefix_caching=s.prefix_caching,
         )
         return SimulatedRunner(engine)
 
@@ -47,3 +51,6 @@ class SimulatedPlugin(EnginePlugin):
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         s = SimulatedSettings.model_validate(settings)
         return s.kv_tokens, s.max_running
+
+    def block_size(self, settings: Settings) -> int:
+        return SimulatedSettings.model_validate(settings).block_size

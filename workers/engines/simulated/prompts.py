@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engines.simulated.tokenizer import count_tokens
+from workers.engines.simulated.tokenizer import count_tokens, token_ids
 
 
 def message_text(content: Any) -> str:
@@ -21,3 +21,6 @@ class SimulatedPrompts:
 
     def count(self, text: str, templated: bool) -> int:
         return count_tokens(text)
+
+    def tokens(self, text: str, templated: bool) -> list[int]:
+        return token_ids(text)

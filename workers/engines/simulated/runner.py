@@ -10,9 +10,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from common.prefix_hashes import block_hashes
 from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCallback, StepReport
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
-from workers.engines.simulated.tokenizer import count_tokens, natural_length, stable_seed, token_text
+from workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
 
 
 class SimulatedRunner:
@@ -64,10 +65,13 @@ class SimulatedRunner:
     async def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
         if isinstance(params.prompt, str):
             prompt_text = params.prompt
-            prompt_tokens = count_tokens(prompt_text)
+            tokens = token_ids(prompt_text)
         else:
             prompt_text = " ".join(map(str, params.prompt))
-            prompt_tokens = len(params.prompt)
+            tokens = list(params.prompt)
+        prompt_tokens = len(tokens)
+        block = self.engine.block_size
+        prefix = block_hashes(tokens, block, params.cache_salt) if self.engine.prefix_caching else ()
         seed = params.seed if params.seed is not None else stable_seed(request_id)
         target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))
         queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
@@ -75,7 +79,9 @@ class SimulatedRunner:
         if len(self._reached) > 100_000:  # the worker asks after each request; bounded regardless
             self._reached.clear()
         self._reached.add(request_id)
-        self.engine.add(EngineRequest(request_id, prompt_tokens, params.max_tokens, target))
+        self.engine.add(
+            EngineRequest(request_id, prompt_tokens, params.max_tokens, target, prefix=prefix, prefix_block=block)
+        )
         self._wake.set()
         generated = 0
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 VOCABULARY = (
@@ -64,6 +65,11 @@ VOCABULARY = (
 
 def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
+
+
+def token_ids(text: str) -> list[int]:
+    """The tokens of ``text`` as ids (a stable 31-bit hash of each token's text), for prefix hashes."""
+    return [zlib.crc32(t.encode()) >> 1 for t in _TOKEN.findall(text)]
 
 
 def token_text(seed: int, index: int) -> str:

@@ -16,4 +16,7 @@ class HuggingFacePrompts:
         return self._tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
     def count(self, text: str, templated: bool) -> int:
-        return len(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])
+        return len(self.tokens(text, templated))
+
+    def tokens(self, text: str, templated: bool) -> list[int]:
+        return list(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])

@@ -4,9 +4,10 @@ Per-step reports: a stat logger receives vLLM's scheduler stats once per engine 
 step's outputs were handed to the per-request streams. It schedules a flush with ``call_soon``, which
 runs after the request streams woken by that step have recorded their new tokens, so one report
 carries the step's new tokens per request, the requests that started (with the engine's exact prompt
-token counts), those that finished, free KV tokens (from vLLM's KV usage: blocks × block size), and
-the running and waiting counts. The dispatcher admits only what can start, so vLLM's own waiting
-queue stays near empty and VTC's order decides.
+token counts and its prefix-cache hits, vLLM's ``num_cached_tokens``), those that finished, free KV
+tokens (from vLLM's KV usage: blocks × block size), and the running and waiting counts. The
+dispatcher admits only what can start, so vLLM's own waiting queue stays near empty and VTC's order
+decides.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class _Pending:
     """Per-request events since the last report."""
 
     started: dict[str, int] = field(default_factory=dict)
+    cached: dict[str, int] = field(default_factory=dict)
     new_tokens: dict[str, int] = field(default_factory=dict)
     finished: list[FinishedRequest] = field(default_factory=list)
 
@@ -149,6 +151,7 @@ class VllmRunner:
                 if not prompt_tokens:
                     prompt_tokens = len(out.prompt_token_ids or ()) * choices
                     pending.started[request_id] = prompt_tokens
+                    pending.cached[request_id] = int(getattr(out, "num_cached_tokens", 0) or 0) * choices
                 k = sum(len(c.token_ids) for c in out.outputs)
                 if k:
                     generated += k
@@ -218,6 +221,7 @@ class VllmRunner:
         report = StepReport(
             duration_s=now - self._last_flush,
             started=pending.started,
+            cached=pending.cached,
             new_tokens=pending.new_tokens,
             finished=pending.finished,
             free_tokens=self.free_tokens(),
