@@ -22,6 +22,8 @@ OTHER = "other"
 TENANT_SERIES = [
     ("fairgate_tenant_service", "counter", "Service delivered, in cost units", "service", sum),
     ("fairgate_tenant_output_tokens", "counter", "Output tokens generated", "output_tokens", sum),
+    ("fairgate_tenant_prompt_tokens", "counter", "Prompt tokens of requests that started", "prompt_tokens", sum),
+    ("fairgate_tenant_cached_prompt_tokens", "counter", "Prompt tokens found in a prefix cache", "cached_tokens", sum),
     ("fairgate_tenant_requests_finished", "counter", "Requests finished", "finished", sum),
     ("fairgate_tenant_requests_rejected", "counter", "Requests refused", "rejected", sum),
     ("fairgate_tenant_counter", "gauge", "VTC counter (weighted service plus lifts)", "counter", max),

@@ -61,6 +61,20 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
             family.add_metric([w["id"]], value)
         families.append(family)
     for key, doc in (
+        ("prompt_tokens", "Prompt tokens of requests that started on the worker"),
+        ("cached_tokens", "Prompt tokens the worker found in its prefix cache"),
+    ):
+        family = CounterMetricFamily(f"fairgate_worker_{key}", doc, labels=["worker"])
+        for w in snapshot["workers"]:
+            family.add_metric([w["id"]], w.get(key, 0))
+        families.append(family)
+    ratio = GaugeMetricFamily(
+        "fairgate_worker_prefix_hit_ratio", "Share of started prompt tokens found cached", labels=["worker"]
+    )
+    for w in snapshot["workers"]:
+        ratio.add_metric([w["id"]], w["cached_tokens"] / w["prompt_tokens"] if w.get("prompt_tokens") else 0.0)
+    families.append(ratio)
+    for key, doc in (
         ("ttft", "Time to first token at the dispatcher"),
         ("latency", "Request latency at the dispatcher"),
     ):

@@ -66,6 +66,8 @@ class Tenant:
     rejected: int = 0
     finished: int = 0
     output_tokens: int = 0  # generated for this tenant, as the workers reported them
+    prompt_tokens: int = 0  # of its requests that started, and of those the engines found cached
+    cached_tokens: int = 0
 
     def state(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,8 @@ class Tenant:
             "rejected": self.rejected,
             "finished": self.finished,
             "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
         }
 
     @classmethod
@@ -98,4 +102,6 @@ class Tenant:
             rejected=int(data["rejected"]),
             finished=int(data["finished"]),
             output_tokens=int(data.get("output_tokens", 0)),
+            prompt_tokens=int(data.get("prompt_tokens", 0)),
+            cached_tokens=int(data.get("cached_tokens", 0)),
         )

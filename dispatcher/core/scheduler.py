@@ -552,6 +552,8 @@ class FairScheduler:
                     "rejected": t.rejected,
                     "finished": t.finished,
                     "output_tokens": t.output_tokens,
+                    "prompt_tokens": t.prompt_tokens,
+                    "cached_tokens": t.cached_tokens,
                 }
                 for t in self.tenants.values()
             },
@@ -682,6 +684,12 @@ class FairScheduler:
         slot = self.workers.slots.get(req.worker or "")
         if cached is not None:
             self._correct_cached(req, _cacheable(cached, prompt_tokens))
+        t = self.tenants[req.tenant]
+        t.prompt_tokens += prompt_tokens
+        t.cached_tokens += req.cached
+        if slot is not None:
+            slot.prompt_tokens += prompt_tokens
+            slot.cached_tokens += req.cached
         if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
@@ -751,7 +759,7 @@ class FairScheduler:
         over it), or None when ``head`` cannot start and no one else gains (the usual rules apply)."""
         place, expected = self.workers.place, self.prefixes.expected_tokens
         head_slot = place(head.need, head)
-        head_gain = -1 if head_slot is None else expected(head_slot.id, head.prefix, head.block_tokens)
+        head_gain = 0 if head_slot is None else expected(head_slot.id, head.prefix, head.block_tokens)
         if head_gain >= min(len(head.prefix) * head.block_tokens, head.prompt_tokens - 1):
             return None if head_slot is None else (top, head, head_slot)  # nothing can beat a full hit
         slack, key = self._slack, self._key
@@ -771,7 +779,7 @@ class FairScheduler:
                 if slot is None:
                     continue
                 gain = expected(slot.id, req.prefix, req.block_tokens)
-                if gain > head_gain and (best is None or gain > best[0]):
+                if gain > head_gain and (best is None or gain > best[0]):  # a longer cached prefix, never none
                     best = (gain, t, req, slot)
         if best is None:
             return None if head_slot is None else (top, head, head_slot)

@@ -20,7 +20,17 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 2
 DURABLE_VERSION = 2
-_DURABLE_FIELDS = ("name", "weight", "lifted", "submitted", "rejected", "finished", "output_tokens")
+_DURABLE_FIELDS = (
+    "name",
+    "weight",
+    "lifted",
+    "submitted",
+    "rejected",
+    "finished",
+    "output_tokens",
+    "prompt_tokens",
+    "cached_tokens",
+)
 
 
 def snapshot(s: FairScheduler) -> dict[str, Any]:

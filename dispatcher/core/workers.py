@@ -33,6 +33,8 @@ class WorkerSlot:
     pending_tokens: int = 0
     in_flight: int = 0
     draining: bool = False
+    prompt_tokens: int = 0  # of the requests that started here, and of those found in its prefix cache
+    cached_tokens: int = 0
 
     def room(self) -> int:
         """KV tokens a new request may use here now."""

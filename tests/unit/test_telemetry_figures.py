@@ -78,10 +78,13 @@ def snapshot() -> dict:
             "rejected": 0,
             "finished": 1,
             "output_tokens": int(c),
+            "prompt_tokens": 100,
+            "cached_tokens": 25,
         }
         for name, c, q in (("big", 900.0, 3), ("mid", 500.0, 2), ("small1", 10.0, 0), ("small2", 5.0, 1))
     }
     worker = {"id": "w0", "kv_tokens": 1000, "free_tokens": 400, "running": 3, "draining": False}
+    worker |= {"prompt_tokens": 400, "cached_tokens": 100}
     h = Histogram()
     h.observe(0.2)
     return {
@@ -111,6 +114,8 @@ def test_prometheus_rendering_caps_tenant_labels():
     assert ("fairgate_tenant_service_total", "small1") not in samples
     assert samples[("fairgate_tenant_counter", "other")] == 10  # the largest counter among the rest
     assert samples[("fairgate_worker_kv_used_tokens", "w0")] == 600
+    assert samples[("fairgate_worker_prefix_hit_ratio", "w0")] == 0.25
+    assert samples[("fairgate_tenant_cached_prompt_tokens_total", "other")] == 50
     assert samples[("fairgate_ttft_seconds_count", "")] == 1 and samples[("fairgate_dispatched_total", "")] == 17
     assert samples[("fairgate_fairness_gap", "")] == 400 and samples[("fairgate_jain_index", "")] == 0.8
 
