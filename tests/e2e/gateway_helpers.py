@@ -64,16 +64,19 @@ def deploy(
     telemetry: dict[str, Any] | None = None,
     ingress_replicas: int = 1,
     models: list[dict[str, Any]] | None = None,
+    placement: str = "most-room",
+    cache_groups: dict[str, str] | None = None,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given.
     ``models``: several pools instead, each ``{name, tenants, workers}`` whose workers update the
-    simulated ones above."""
+    simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
     raw = {
         "model": vllm["model"] if vllm is not None else "fairgate-sim",
         "policy": policy,
+        "placement": placement,
         "limits": limits or {},
         "state": state or {},
         "telemetry": telemetry or {},
@@ -98,7 +101,7 @@ def deploy(
             "max_model_len": max_model_len,
             "default_max_tokens": 16,
         },
-        "tenants": [{"name": t, "api_key": k} for t, k in keys.items()],
+        "tenants": [{"name": t, "api_key": k, "cache_group": (cache_groups or {}).get(t)} for t, k in keys.items()],
         "admin_api_key": admin_key,
     }
     if models is not None:

@@ -15,12 +15,16 @@ from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCall
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
 
+CACHE_BLOCK_TOKENS = 16
+
 
 class SimulatedRunner:
     def __init__(self, engine: SimulatedEngine) -> None:
         self.engine = engine
         self.kv_tokens = engine.kv_tokens
         self.block_size = engine.block_size
+        # the prefix cache's unit: whole KV blocks of at least 16 tokens, as vLLM's GPU blocks
+        self.cache_block = engine.block_size * -(-CACHE_BLOCK_TOKENS // engine.block_size)
         self.max_running = engine.max_running
         self._queues: dict[str, asyncio.Queue[tuple[int, str | None]]] = {}
         self._wake = asyncio.Event()
@@ -70,7 +74,7 @@ class SimulatedRunner:
             prompt_text = " ".join(map(str, params.prompt))
             tokens = list(params.prompt)
         prompt_tokens = len(tokens)
-        block = self.engine.block_size
+        block = self.cache_block
         prefix = block_hashes(tokens, block, params.cache_salt) if self.engine.prefix_caching else ()
         seed = params.seed if params.seed is not None else stable_seed(request_id)
         target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))

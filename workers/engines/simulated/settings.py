@@ -25,7 +25,7 @@ class SimulatedSettings(BaseModel):
     @field_validator("step_model", mode="before")
     @classmethod
     def _step_model(cls, value: Any) -> Any:
-        if value in STEP_PRESETS:
+        if isinstance(value, str) and value in STEP_PRESETS:
             return STEP_PRESETS[value]().to_dict()
         if not isinstance(value, dict):
             raise ValueError(f"must be one of {', '.join(STEP_PRESETS)} or a mapping of coefficients")
