@@ -232,9 +232,11 @@ class DispatcherActor:
         """Every tenant with its weight, counter, exact service and queue (never a key or its hash)."""
         await self._ready()
         counters = self._service.scheduler.stats()["tenants"]
+        records = {name: self._registry.get(name) for name in self._registry.names()}
         return [
-            {"name": name, **counters.get(name, {"weight": self._registry.get(name).weight})}
-            for name in self._registry.names()
+            {"name": name, "cache_group": r.cache_group, **counters.get(name, {"weight": r.weight})}
+            for name, r in records.items()
+            if r is not None
         ]
 
     async def change_tenant(

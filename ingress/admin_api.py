@@ -8,11 +8,11 @@ from typing import Any
 from ingress.openai_api import ApiError
 
 
-def tenant_change(body: Any, creating: bool) -> tuple[str | None, float | None, str | None]:
-    """Validate a create/update body: returns (name, weight, new API key or None)."""
+def tenant_change(body: Any, creating: bool) -> tuple[str | None, float | None, str | None, str | None]:
+    """Validate a create/update body: returns (name, weight, new API key or None, cache group or None)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_request")
-    allowed = {"name", "weight", "api_key"} if creating else {"weight", "api_key"}
+    allowed = {"name", "weight", "api_key", "cache_group"} if creating else {"weight", "api_key", "cache_group"}
     unknown = set(body) - allowed
     if unknown:
         raise ApiError(400, f"unknown field '{sorted(unknown)[0]}'", param=sorted(unknown)[0], code="invalid_request")
@@ -27,4 +27,9 @@ def tenant_change(body: Any, creating: bool) -> tuple[str | None, float | None, 
         raise ApiError(400, "invalid 'api_key': at least 16 characters", param="api_key", code="invalid_request")
     if creating and key is None:
         key = "fg-" + secrets.token_urlsafe(24)
-    return name, None if weight is None else float(weight), key
+    group = body.get("cache_group")
+    if group is not None and (not isinstance(group, str) or len(group) > 64):
+        raise ApiError(
+            400, "invalid 'cache_group': a name of at most 64 characters", param="cache_group", code="invalid_request"
+        )
+    return name, None if weight is None else float(weight), key, group

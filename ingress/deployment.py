@@ -168,15 +168,15 @@ class Ingress:
     @app.post("/admin/tenants", status_code=201)
     async def admin_create(self, request: Request) -> dict[str, Any]:
         await self._admin(request)
-        name, weight, key = tenant_change(await self._json_body(request), creating=True)
-        row = await self._change("create", name or "", key, weight)
+        name, weight, key, group = tenant_change(await self._json_body(request), creating=True)
+        row = await self._change("create", name or "", key, weight, group)
         return {**row, "api_key": key}  # shown once: only its hash is kept
 
     @app.patch("/admin/tenants/{name}")
     async def admin_update(self, name: str, request: Request) -> dict[str, Any]:
         await self._admin(request)
-        _, weight, key = tenant_change(await self._json_body(request), creating=False)
-        return await self._change("update", name, key, weight)
+        _, weight, key, group = tenant_change(await self._json_body(request), creating=False)
+        return await self._change("update", name, key, weight, group)
 
     @app.delete("/admin/tenants/{name}")
     async def admin_delete(self, name: str, request: Request) -> dict[str, Any]:
@@ -188,9 +188,11 @@ class Ingress:
         await self._admin(request)
         return await self._dispatcher.stats.remote()
 
-    async def _change(self, action: str, name: str, key: str | None, weight: float | None) -> dict[str, Any]:
+    async def _change(
+        self, action: str, name: str, key: str | None, weight: float | None, cache_group: str | None = None
+    ) -> dict[str, Any]:
         key_hash = None if key is None else hash_key(key)
-        result = await self._dispatcher.change_tenant.remote(action, name, key_hash, weight)
+        result = await self._dispatcher.change_tenant.remote(action, name, key_hash, weight, cache_group)
         if "error" in result:
             status, message = result["error"]
             raise ApiError(status, message, code={404: "not_found", 409: "conflict"}.get(status, "invalid_request"))

@@ -20,6 +20,7 @@ bound_held                | held         | {}
 avg_windowed_service_diff | avg win diff | {:.0f}
 jain_index                | Jain         | {:.3f}
 under_share_mean_ttft_s   | light TTFT s | {:.2f}
+prefix_hit_rate           | cache hits   | {:.1%}
 rejected                  | rejected     | {}
 """
 COLUMNS = tuple(tuple(cell.strip() for cell in row.split("|")) for row in _COLUMN_TABLE.strip().splitlines())

@@ -282,10 +282,17 @@ PRESETS: dict[str, Callable[..., Workload | list[Workload]]] = {
 def load_workloads(
     name_or_file: str, seed: int = 42, trace: str | Path | None = None, rate_scale: float = 1.0
 ) -> list[Workload]:
-    """A preset name, a trace CSV, or a YAML/JSON spec file; always a list (``ablation`` has six).
-    ``rate_scale`` multiplies the request rates of generated workloads (not of traces)."""
+    """A preset name, a trace CSV, a Mooncake trace (.jsonl), or a YAML/JSON spec file; always a list
+    (``ablation`` has six). ``rate_scale`` multiplies the request rates of generated workloads and of
+    Mooncake traces (their arrivals come that much faster), not of CSV traces."""
     if rate_scale <= 0:
         raise WorkloadError("rate scale must be positive")
+    if name_or_file.lower().endswith(".jsonl"):
+        from loadgen.mooncake import load_mooncake
+
+        if not Path(name_or_file).is_file():
+            raise WorkloadError(f"workload file {name_or_file!r} does not exist")
+        return [load_mooncake(name_or_file, time_scale=rate_scale)]
     is_trace = name_or_file == "real" or name_or_file.lower().endswith(".csv")
     if is_trace and rate_scale != 1.0:
         raise WorkloadError("rate scaling applies to generated workloads, not to traces")
@@ -300,7 +307,7 @@ def load_workloads(
             return [_trace_workload(path)]
         return [workload_from_spec(_read_spec(path), seed, default_name=path.stem, scale=rate_scale)]
     raise WorkloadError(
-        f"unknown workload {name_or_file!r} (expected one of: {', '.join(PRESETS)}, or a .yaml/.json/.csv file)"
+        f"unknown workload {name_or_file!r} (expected one of: {', '.join(PRESETS)}, or a .yaml/.json/.csv/.jsonl file)"
     )
 
 

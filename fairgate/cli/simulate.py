@@ -7,18 +7,26 @@ import argparse
 import time
 from pathlib import Path
 
-from dispatcher.core import LinearCost, ProfiledCost, fit_profiled_cost, policy_usages
+from dispatcher.core import LinearCost, ProfiledCost, fit_profiled_cost, placement_names, policy_usages
 from dispatcher.core.costs import CostFunction
 from fairgate.cli.parsing import UsageError, check_policies, read_profile
+from workers.engines.simulated.settings import STEP_PRESETS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run workloads in virtual time and compare policies")
-    sim.add_argument("--workload", required=True, help="a preset name or a .yaml/.json/.csv file")
+    sim.add_argument(
+        "--workload", required=True, help="a preset name, a .yaml/.json/.csv file, or a Mooncake trace (.jsonl)"
+    )
     sim.add_argument(
         "--policy", action="append", help=f"repeatable; one of {', '.join(policy_usages())} (default: vtc, fcfs)"
     )
     sim.add_argument("--replicas", type=int, default=1, help="engines behind the one dispatcher")
+    sim.add_argument("--placement", default="most-room", help=f"placement rule ({', '.join(placement_names())})")
+    sim.add_argument(
+        "--engine", choices=sorted(STEP_PRESETS), help="the engine's step-time preset (default: a10g-llama7b)"
+    )
+    sim.add_argument("--w-c", type=float, default=None, help="linear cost of a cached prompt token (default w_p/10)")
     sim.add_argument("--kv-tokens", type=int, help="KV pool per engine (default: the workload's, or 10000)")
     sim.add_argument("--out", type=Path, default=Path("out/simulate"), help="where report.json and PNGs go")
     sim.add_argument("--seed", type=int, default=42)
@@ -48,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.engines.simulated import StepTimeModel
 
     policies = check_policies(args.policy or ["vtc", "fcfs"])
+    if args.placement not in placement_names():
+        raise UsageError(f"unknown placement {args.placement!r} (expected one of: {', '.join(placement_names())})")
     if args.replicas < 1:
         raise UsageError("--replicas must be at least 1")
     if args.kv_tokens is not None and args.kv_tokens < 1:
@@ -62,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         step_model = StepTimeModel.from_profile(read_profile(args.profile)) if args.profile else None
+        if step_model is None and args.engine:
+            step_model = STEP_PRESETS[args.engine]()
         cost = _cost(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -75,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         for policy in policies:
             config = SimulationConfig(
                 policy=policy,
+                placement=args.placement,
                 replicas=args.replicas,
                 kv_tokens=args.kv_tokens,
                 cost=cost,
@@ -108,7 +121,9 @@ def _cost(args: argparse.Namespace) -> CostFunction:
     if args.cost == "linear":
         if args.w_p < 0 or args.w_q <= 0:
             raise UsageError("--w-p must be >= 0 and --w-q > 0")
-        return LinearCost(args.w_p, args.w_q)
+        if args.w_c is not None and not 0 <= args.w_c <= args.w_p:
+            raise UsageError("--w-c must be between 0 and --w-p")
+        return LinearCost(args.w_p, args.w_q, args.w_c)
     if args.profile is None:
         return ProfiledCost()
     return fit_profiled_cost(read_profile(args.profile))

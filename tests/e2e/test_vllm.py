@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from dispatcher.core import LinearCost
 from tests.conftest import free_port
 from workers.engines.vllm.prompts import HuggingFacePrompts
 from workers.engines.vllm.reference_server import vllm_server
@@ -263,14 +264,20 @@ def test_a_tenant_cannot_override_what_the_gateway_decides(vtc_gateway):
         "kv_transfer_params": {"do_remote_prefill": True},
         "vllm_xargs": {"x": 1},
     }
-    usage = {}
+    usage, charged = {}, {}
     for i, tenant in enumerate(["alice", "alice", "bob"]):
+        before = gw.stats()["tenants"].get(tenant, {}).get("service", 0.0)
         status, got = answer(gw.base_url, gw.keys[tenant], TEXT, body)
         assert status == 200, got
         usage[i] = got["usage"]
+        charged[i] = gw.stats()["tenants"][tenant]["service"] - before
     assert usage[0]["completion_tokens"] == 16  # the ingress's default_max_tokens, not vLLM's own default
     assert usage[1]["prompt_tokens_details"]["cached_tokens"] > 0  # alice's second turn hits her cache
     assert usage[2]["prompt_tokens_details"]["cached_tokens"] == 0  # bob never hits alice's
+    cost = LinearCost()  # the gateway's default: cached prompt tokens at w_c = w_p / 10
+    for i, u in usage.items():  # vLLM's own count of cached tokens reaches the charge, exactly
+        expected = cost.total(u["prompt_tokens"], u["completion_tokens"])
+        assert charged[i] == pytest.approx(expected - cost.cached_discount(u["prompt_tokens_details"]["cached_tokens"]))
     r = httpx.post(
         gw.base_url + CHAT,
         json={
