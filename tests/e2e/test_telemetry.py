@@ -92,8 +92,12 @@ def test_one_request_is_one_trace_from_the_ingress_into_the_worker(gw):
 
 
 def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
+    """The samples of one scrape of ``/metrics``, which must pass Prometheus's own ``promtool check
+    metrics`` without a warning."""
     headers = {"Authorization": f"Bearer {gw.admin_key}"} if admin else {}
     text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", headers=headers, timeout=30).text
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -51,6 +51,35 @@ def test_fairness_figures():
     assert two_u(LinearCost(1, 2), longest_prompt=5000, longest_output=100, pool_tokens=1000) == 2 * 5000
 
 
+def test_live_jain_accounts_for_demand_like_the_report():
+    """Weights 2:1:1 on an uncontended pool, one tenant asking for little: everyone got all it asked
+    for, so the index is 1 (it read 0.75 when it compared weight-normalised rates alone). Under
+    contention, a waiting tenant served below its share brings it down."""
+
+    def jain(rates: dict[str, float], weights: dict[str, float], queued: dict[str, int]) -> float | None:
+        history = ServiceHistory()
+        for t in range(11):
+            history.add(
+                float(t),
+                {
+                    n: {
+                        "service": r * t,
+                        "counter": 0,
+                        "queued": queued.get(n, 0),
+                        "weight": weights[n],
+                        "output_tokens": 0,
+                    }
+                    for n, r in rates.items()
+                },
+            )
+        return history.jain(60.0)
+
+    weights = {"a": 2.0, "b": 1.0, "c": 1.0}
+    assert jain({"a": 10.0, "b": 10.0, "c": 2.0}, weights, {}) == pytest.approx(1.0)
+    assert jain({"a": 10.0, "b": 5.0, "c": 5.0}, weights, {"a": 3, "b": 3, "c": 3}) == pytest.approx(1.0)
+    assert jain({"a": 5.0, "b": 10.0, "c": 5.0}, weights, {"a": 3, "b": 3, "c": 3}) < 0.95  # a got half its share
+
+
 def test_histogram_and_service_history():
     h = Histogram((0.1, 1.0))
     for v in (0.05, 0.1, 0.5, 7.0):
@@ -112,7 +141,7 @@ def test_prometheus_rendering_caps_tenant_labels():
     assert samples[("fairgate_tenant_service_total", "big")] == 900
     assert samples[("fairgate_tenant_service_total", "other")] == 15  # small1 + small2
     assert ("fairgate_tenant_service_total", "small1") not in samples
-    assert samples[("fairgate_tenant_counter", "other")] == 10  # the largest counter among the rest
+    assert samples[("fairgate_tenant_virtual_service", "other")] == 10  # the largest counter among the rest
     assert samples[("fairgate_worker_kv_used_tokens", "w0")] == 600
     assert samples[("fairgate_worker_prefix_hit_ratio", "w0")] == 0.25
     assert samples[("fairgate_tenant_cached_prompt_tokens_total", "other")] == 50
