@@ -63,9 +63,6 @@ class Prompting:
         except Exception:  # not renderable: the engine's layer gives the client its own 400
             return len(json.dumps(req.messages)) // ROUGH_CHARS_PER_TOKEN + 1, None
 
-    def prompt_tokens(self, req: ChatAdmission | CompletionAdmission) -> int:
-        return self.prompt(req)[0]
-
     def admit(self, req: ChatAdmission | CompletionAdmission) -> Admitted:
         """The admitted size of a request; 400 when it does not fit the context."""
         prompt_tokens, tokens = self.prompt(req)

@@ -16,7 +16,7 @@ it is corrected by the exact count anyway (DESIGN §2b, cache-aware cost).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 SHRINK = 0.9  # capacity factor after a start that found less cached than expected
@@ -149,11 +149,7 @@ class PrefixIndex:
         for wid, row in data.items():
             cache = WorkerCache(int(row["pool_tokens"]))
             cache.capacity = float(row["capacity"])
-            cache.blocks = OrderedDict((int(h), int(t)) for h, t in _pairs(row["blocks"]))
+            cache.blocks = OrderedDict((int(h), int(t)) for h, t in row["blocks"])
             cache.tokens = sum(cache.blocks.values())
             self._workers[wid] = cache
             self.used = self.used or bool(cache.blocks)
-
-
-def _pairs(rows: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
-    return ((row[0], row[1]) for row in rows)
