@@ -10,6 +10,8 @@ and ``account`` turns it into cost: h(after) - h(before) of service (``cost_betw
 written once), and the charged point's move divided by the tenant's weight on its counter.
 Prompt tokens found in the engine's prefix cache are a third coordinate, accounted apart
 (``account_cached``): their discount is linear, so it moves service and counter alike.
+Every move is charged to the tenant's tree nodes too (DESIGN §2b hierarchy), each counter divided
+by that node's weight now: a node's counter is its subtree's weighted service.
 """
 
 from __future__ import annotations
@@ -42,9 +44,16 @@ class Ledger:
         (a live weight change in between must not turn a refund into credit); default the current one."""
         amount = self.cost_between(*served)
         tenant.service += amount
+        ancestors = tenant.ancestors
+        if ancestors:
+            for node in ancestors:
+                node.service += amount
         if charged is not None:
             amount = self.cost_between(*charged)
         tenant.counter += amount / (tenant.weight if weight is None else weight)
+        if ancestors:
+            for node in ancestors:
+                node.counter += amount / node.weight
 
     def account_cached(self, tenant: Tenant, before: int, after: int, weight: float) -> None:
         """A request's cached prompt tokens go from ``before`` to ``after`` (expected at dispatch, the
@@ -55,3 +64,6 @@ class Ledger:
         amount = self._discount(before) - self._discount(after)
         tenant.service += amount
         tenant.counter += amount / weight
+        for node in tenant.ancestors:
+            node.service += amount
+            node.counter += amount / node.weight

@@ -51,7 +51,9 @@ class Tenant:
 
     ``counter``: VTC's virtual counter (weighted charges, including predictions and lifts).
     ``service``: exact service delivered, in cost units, unweighted. ``lifted``: total added by lifts,
-    so that counter == service / weight + lifted once every prediction is settled.
+    so that counter == service / weight + lifted once every prediction is settled. ``parent``: the
+    tree node it is a leaf of ("": the root; DESIGN §2b hierarchy); ``ancestors``: that node and the
+    ones above it up to the root (excluded), which every charge of this tenant is charged to as well.
     """
 
     name: str
@@ -68,6 +70,8 @@ class Tenant:
     output_tokens: int = 0  # generated for this tenant, as the workers reported them
     prompt_tokens: int = 0  # of its requests that started, and of those the engines found cached
     cached_tokens: int = 0
+    parent: str = ""
+    ancestors: tuple[Any, ...] = ()  # TreeNode records, nearest first (kept by the tree, not saved)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -84,6 +88,7 @@ class Tenant:
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "parent": self.parent,
         }
 
     @classmethod
@@ -104,4 +109,5 @@ class Tenant:
             output_tokens=int(data.get("output_tokens", 0)),
             prompt_tokens=int(data.get("prompt_tokens", 0)),
             cached_tokens=int(data.get("cached_tokens", 0)),
+            parent=str(data.get("parent", "")),
         )

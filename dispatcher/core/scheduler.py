@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
+from dispatcher.core.classes import RequestClass, check_classes, default_class
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
 from dispatcher.core.fairness import two_u
 from dispatcher.core.ledger import Ledger
@@ -33,7 +34,7 @@ from dispatcher.core.reasons import (
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
 )
-from dispatcher.core.waiting import WaitingSet
+from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TenantTree, TreeError, TreeNode
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 RESERVES = ("full", "predicted")
@@ -61,6 +62,8 @@ class SchedulerConfig:
     ``max_engine_waiting``: at most this many requests assigned to a worker but not yet running.
     ``max_queued_per_tenant`` / ``max_queued``: caps on requests waiting (one tenant's / everyone's);
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
+    ``classes``: the request classes (``dispatcher.core.classes``; the first one not strict is the
+    default); they, like a tenant tree, need a policy that orders by counters (``FairnessPolicy.tree``).
     """
 
     policy: str = "vtc"
@@ -75,15 +78,23 @@ class SchedulerConfig:
     max_queued_per_tenant: int | None = None
     max_queued: int | None = None
     max_queue_s: float | None = None
+    classes: tuple[RequestClass, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "policy", make_policy(self.policy, self.seed).spec)  # refuses unknown ones
+        policy = make_policy(self.policy, self.seed)  # refuses unknown ones
+        object.__setattr__(self, "policy", policy.spec)
+        object.__setattr__(self, "classes", check_classes(self.classes))
+        if self.classes and not policy.tree:
+            raise ValueError(f"request classes need a policy that orders by counters, not {policy.name!r}")
         make_placement(self.placement)
         if self.reserve not in RESERVES:
             raise ValueError(f"reserve must be one of {', '.join(RESERVES)}, got {self.reserve!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"cost": self.cost.spec()}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "cost": self.cost.spec(),
+            "classes": [c.to_dict() for c in self.classes],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SchedulerConfig:
@@ -101,6 +112,7 @@ class SchedulerConfig:
             max_queued_per_tenant=_optional(data.get("max_queued_per_tenant"), int),
             max_queued=_optional(data.get("max_queued"), int),
             max_queue_s=_optional(data.get("max_queue_s"), float),
+            classes=tuple(RequestClass.from_dict(c) for c in data.get("classes") or ()),
         )
 
 
@@ -136,11 +148,13 @@ class FairScheduler:
         self._slack = self.policy.locality_slack  # 0: the policy's order exactly
         self.tenants: dict[str, Tenant] = {}
         self._key = self.policy.key_function(self.tenants)
-        self._waiting = WaitingSet(self._key)
+        self.tree = TenantTree(self.tenants, self._key, self.policy.rejoin)
+        self._waiting = self.tree.root.waiting
+        self.classes = {c.name: c for c in self.config.classes}
+        self.default_class = default_class(self.config.classes)
         self._in_flight: dict[str, Request] = {}
         self._queued_ids: dict[str, str] = {}  # queued request id -> its tenant
         self._arrivals: list[tuple[float, int, str]] = []  # heap of (arrival, seq, id), only with max_queue_s
-        self._last_left: str | None = None
         self._next_seq = 0
         # id -> (prompt, output, charged output, weight charged at) of requests that ran when their worker
         # or this dispatcher went away: what a re-announcement is charged beyond
@@ -152,18 +166,66 @@ class FairScheduler:
 
     # ----------------------------------------------------------------- tenants
 
-    def add_tenant(self, name: str, weight: float = 1.0) -> Tenant:
-        """Register a tenant (or change its weight); takes effect on the next dispatch."""
-        if weight <= 0:
+    def add_tenant(self, name: str, weight: float = 1.0, parent: str | None = None) -> Tenant:
+        """Register a tenant (or change its weight, and with ``parent`` move it under that tree node;
+        None: where it is, the root for a new one); takes effect on the next dispatch. A tenant with
+        request classes is weighted (and moved) as its own node."""
+        if not weight > 0:
             raise ValueError(f"tenant {name!r}: weight must be positive, got {weight}")
+        if parent and not self.policy.tree:
+            raise ValueError(f"a tenant tree needs a policy that orders by counters, not {self.policy.name!r}")
         tenant = self.tenants.get(name)
         if tenant is None:
-            tenant = self.tenants[name] = Tenant(name, float(weight))
-        else:
-            before = self._key_if_waiting(tenant)
-            tenant.weight = float(weight)
-            self._rekey_if_lower(tenant, before)
+            own = self.tree.nodes.get(name)
+            if own is not None:
+                raise TreeError(f"{name!r} is a tree node; a tenant needs a name of its own")
+            tenant = Tenant(name, float(weight))
+            self.tree.attach(tenant, parent or ROOT)  # refuses an unknown parent before anything changes
+            self.tenants[name] = tenant
+            return tenant
+        own = self._class_node(tenant)
+        if own is not None:
+            self.tree.set_node(name, parent, float(weight))
+            return tenant
+        if parent is not None and parent != tenant.parent:
+            self.tree.move(tenant, parent)
+        before = self._key_if_waiting(tenant)
+        tenant.weight = float(weight)
+        self._rekey_if_lower(tenant, before)
         return tenant
+
+    def set_node(self, name: str, parent: str | None = None, weight: float | None = None) -> TreeNode:
+        """Create a tree node under ``parent`` (None: the root), or move and reweight one; takes effect
+        on the next dispatch. Raises ``TreeError`` for a cycle, an unknown parent or a weight <= 0."""
+        if not self.policy.tree:
+            raise ValueError(f"a tenant tree needs a policy that orders by counters, not {self.policy.name!r}")
+        return self.tree.set_node(name, parent, weight)
+
+    def delete_node(self, name: str) -> None:
+        """Remove an empty tree node (its past service stays counted in the nodes above it)."""
+        node = self.tree.node(name)
+        if node.implicit:
+            raise TreeError(f"{name!r} is a tenant's own node (its request classes)")
+        self.tree.delete_node(name)
+
+    def class_leaf(self, tenant: str, klass: str = "") -> Tenant:
+        """The leaf that queues ``tenant``'s requests of class ``klass`` ("" or the default class: the
+        tenant's own), created on first use under the tenant's own node (a strict class: in the
+        strict band). Raises ValueError for an unknown class."""
+        t = self.tenants.get(tenant) or self.add_tenant(tenant)
+        if not klass or klass == self.default_class:
+            return t
+        spec = self.classes.get(klass)
+        if spec is None:
+            raise ValueError(f"unknown request class {klass!r}")
+        name = f"{tenant}{CLASS_SEP}{klass}"
+        leaf = self.tenants.get(name)
+        if leaf is None:
+            parent = STRICT if spec.strict else self._own_node(t).name
+            leaf = Tenant(name, spec.weight)
+            self.tree.attach(leaf, parent)
+            self.tenants[name] = leaf
+        return leaf
 
     # ------------------------------------------------------------------ events
 
@@ -178,16 +240,19 @@ class FairScheduler:
         resumed: bool = False,
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
+        klass: str = "",
     ) -> str | None:
         """Queue a request. Returns None when accepted, else the reason it was rejected. ``resumed``: a
         request admitted before (its caller asks again after a dispatcher restart): the policy's
         admission (e.g. RPM's window) is not asked again. ``prefix``: the chained hashes of its prompt's
-        blocks of ``block_tokens`` tokens (for cache-aware placement, order and cost)."""
+        blocks of ``block_tokens`` tokens (for cache-aware placement, order and cost). ``klass``: its
+        request class ("": the default); the request's ``tenant`` is then its class's leaf."""
         if request_id in self._in_flight or request_id in self._queued_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
-        t = self.tenants.get(tenant) or self.add_tenant(tenant)
+        t = self.class_leaf(tenant, klass)
+        tenant = t.name
         t.submitted += 1
         largest = self.workers.largest_pool
         if largest and self._need(prompt_tokens, max_tokens) > largest:  # could it ever run alone: its full size
@@ -213,12 +278,10 @@ class FairScheduler:
         if max_tokens > self.longest_output:
             self.longest_output = max_tokens
         if not t.queue:
-            if tenant in self._resumed:  # it was waiting when the dispatcher stopped: never idle, no lift
-                self._resumed.discard(tenant)
-            else:
-                self.policy.rejoin(t, self._floor)
+            lift = tenant not in self._resumed  # it was waiting when the dispatcher stopped: never idle
+            self._resumed.discard(tenant)
             t.queue.append(req)
-            self._waiting.push(tenant, self._key(tenant))
+            self.tree.join(t, lift)
         else:
             t.queue.append(req)
         t.queued_tokens += prompt_tokens + max_tokens
@@ -232,16 +295,16 @@ class FairScheduler:
         out: list[Assignment] = []
         if not self.workers.slots:
             return out
-        waiting, tenants, place, has_slack = self._waiting, self.tenants, self.workers.place, self.workers.has_slack
+        pick, place, has_slack = self.tree.pick, self.workers.place, self.workers.has_slack
         next_request = self.policy.next_request
         while has_slack():
-            top = waiting.peek()
+            top = pick()
             if top is None:
                 break
-            tenant = tenants[top[1]]
+            key, tenant, parent = top
             req = next_request(tenant)
             if self._slack > 0 and req.prefix and self.prefixes.used:
-                picked = self._local_pick(top[0], tenant, req)
+                picked = self._local_pick(key, tenant, req, parent)
                 if picked is not None:
                     picked_tenant, picked_req, slot = picked
                     at_top = picked_req is req
@@ -255,7 +318,7 @@ class FairScheduler:
                     continue
                 if self.config.strict_head_of_line:
                     break
-                picked = self._relaxed_pick()
+                picked = self._relaxed_pick(parent)
                 if picked is None:
                     break
                 tenant, req, slot = picked
@@ -403,8 +466,8 @@ class FairScheduler:
         self._refund_dispatch(t, req)
         req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
         t.queue.appendleft(req)
-        if before is None:  # it waits again, ahead of everything it sent later
-            self._waiting.push(t.name, self._key(t.name))
+        if before is None:  # it waits again, ahead of everything it sent later, as it did before
+            self.tree.join(t, lift=False)
         else:
             self._rekey_if_lower(t, before)
         t.queued_tokens += req.prompt_tokens + req.max_tokens
@@ -486,15 +549,19 @@ class FairScheduler:
     # ------------------------------------------------------------------ views
 
     def is_backlogged(self, tenant: str) -> bool:
-        return tenant in self._waiting
+        t = self.tenants.get(tenant)
+        return t is not None and bool(t.queue)
 
     def next_in_line(self) -> Request | None:
         """The request the policy would dispatch next: what ``assign`` tries to place first."""
-        top = self._waiting.peek()
-        return None if top is None else self.policy.next_request(self.tenants[top[1]])
+        top = self.tree.pick()
+        return None if top is None else self.policy.next_request(top[1])
 
     def waiting_tenants(self) -> list[str]:
-        return list(self._waiting)
+        """Tenants (leaves) with waiting requests."""
+        if not self.tree.nodes and not self.tree.strict.kids:
+            return list(self._waiting)
+        return [t.name for t in self.tenants.values() if t.queue]
 
     def was_lost(self, request_id: str) -> bool:
         """Whether the request had started on a worker that left (it must not run a second time)."""
@@ -516,7 +583,7 @@ class FairScheduler:
 
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
-        return not self._waiting and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
+        return not self.tree.any_waiting() and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
 
     def fairness_bound(self) -> float:
         """2U for the requests seen so far on the workers taking work now (the live page's bound)."""
@@ -554,8 +621,20 @@ class FairScheduler:
                     "output_tokens": t.output_tokens,
                     "prompt_tokens": t.prompt_tokens,
                     "cached_tokens": t.cached_tokens,
+                    "parent": t.parent,
                 }
                 for t in self.tenants.values()
+            },
+            "nodes": {
+                n.name: {
+                    "weight": n.weight,
+                    "parent": n.parent,
+                    "counter": n.counter,
+                    "service": n.service,
+                    "waiting": len(n.waiting) > 0,  # type: ignore[arg-type]
+                    "implicit": n.implicit,
+                }
+                for n in self.tree.nodes.values()
             },
             "queue_depth": self.queue_depth(),
             "in_flight": len(self._in_flight),
@@ -601,12 +680,24 @@ class FairScheduler:
                 max_tokens = min(max_tokens, math.ceil(guess * RESERVE_HEADROOM))
         return self._need(prompt_tokens, max_tokens)
 
-    def _floor(self) -> Tenant | None:
-        """For the lift: the least-served waiting tenant, or the last to leave when no one waits."""
-        top = self._waiting.peek()
-        if top is not None:
-            return self.tenants[top[1]]
-        return None if self._last_left is None else self.tenants.get(self._last_left)
+    def _own_node(self, t: Tenant) -> TreeNode:
+        """The tenant's own node (its request classes), made on first use: it takes the tenant's place,
+        weight and counter; the tenant, now its default class, is weighted as that class."""
+        own = self._class_node(t)
+        if own is not None:
+            return own
+        own = self.tree.set_node(t.name, t.parent, t.weight, implicit=True)
+        own.counter, own.lifted = t.counter, t.lifted
+        self.tree.move(t, own.name)
+        spec = self.classes.get(self.default_class)
+        before = self._key_if_waiting(t)
+        t.weight = spec.weight if spec is not None else 1.0
+        self._rekey_if_lower(t, before)
+        return own
+
+    def _class_node(self, t: Tenant) -> TreeNode | None:
+        node = self.tree.nodes.get(t.parent) if t.parent == t.name else None
+        return node if node is not None and node.implicit else None
 
     def _key_if_waiting(self, t: Tenant) -> float | None:
         return self._key(t.name) if t.queue else None
@@ -618,7 +709,9 @@ class FairScheduler:
         if before is not None and t.queue:
             key = self._key(t.name)
             if key < before:
-                self._waiting.push(t.name, key)
+                self.tree.parent_of(t).waiting.push(t.name, key)  # type: ignore[union-attr]
+        if t.ancestors:
+            self.tree.rekey_ancestors(t)
 
     def _withdraw(self, request_id: str, seq: int | None) -> bool:
         """Remove a waiting request by id (and, when given, only the submission numbered ``seq``)."""
@@ -645,8 +738,7 @@ class FairScheduler:
         """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order)."""
         self._unqueue(t, req)
         if not t.queue:
-            self._waiting.remove(t.name)
-            self._last_left = t.name
+            self.tree.leave(t, at_top=False)
 
     def _dispatch(self, t: Tenant, req: Request, slot: WorkerSlot, now: float, at_top: bool) -> Request:
         """Start ``req`` of ``t`` on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
@@ -673,10 +765,9 @@ class FairScheduler:
         self._in_flight[req.id] = req
         if at_top:
             if t.queue:
-                self._waiting.replace_top(t.name, self._key(t.name))
+                self.tree.parent_of(t).waiting.replace_top(t.name, self._key(t.name))  # type: ignore[union-attr]
             else:
-                self._waiting.pop_top(t.name)
-                self._last_left = t.name
+                self.tree.leave(t, at_top=True)
         return req
 
     def _mark_started(self, req: Request, prompt_tokens: int, cached: int | None = None) -> None:
@@ -749,14 +840,17 @@ class FairScheduler:
         t.rejected += 1
         self.dropped.append((req, reason))
 
-    def _local_pick(self, floor: float, top: Tenant, head: Request) -> tuple[Tenant, Request, WorkerSlot] | None:
+    def _local_pick(
+        self, floor: float, top: Tenant, head: Request, parent: TreeNode
+    ) -> tuple[Tenant, Request, WorkerSlot] | None:
         """Locality slack (DESIGN §2b): among the waiting tenants whose key is within the policy's
         slack of the smallest (at most ``LOCAL_TENANTS`` of them, in order; a tenant of weight w
         within Δ / w, so that the weighted bound holds for every pair), and among the first
         ``LOCAL_WINDOW`` requests of each, the request that finds the longest cached prefix on a
         worker that can start it now. A head request passed over ``MAX_PASSES`` times by later ones
         of its tenant goes first. Returns the pick (``head`` of ``top`` itself when no one gains
-        over it), or None when ``head`` cannot start and no one else gains (the usual rules apply)."""
+        over it), or None when ``head`` cannot start and no one else gains (the usual rules apply).
+        In a tree, the tenants looked at are ``top``'s siblings (``parent``'s waiting leaves)."""
         place, expected = self.workers.place, self.prefixes.expected_tokens
         head_slot = place(head.need, head)
         head_gain = 0 if head_slot is None else expected(head_slot.id, head.prefix, head.block_tokens)
@@ -764,9 +858,10 @@ class FairScheduler:
             return None if head_slot is None else (top, head, head_slot)  # nothing can beat a full hit
         slack, key = self._slack, self._key
         best: tuple[int, Tenant, Request, WorkerSlot] | None = None
-        for name in self._waiting.smallest(LOCAL_TENANTS):
-            t = self.tenants[name]
-            if t is top or key(name) > floor + slack / t.weight:
+        kids = parent.kids
+        for name in parent.waiting.smallest(LOCAL_TENANTS):  # type: ignore[union-attr]
+            t = kids[name]
+            if t is top or type(t) is TreeNode or key(name) > floor + slack / t.weight:
                 continue  # entries below the top may hold stale keys: check each
             queue = t.queue
             window = 1 if queue[0].passed >= MAX_PASSES else LOCAL_WINDOW
@@ -788,10 +883,13 @@ class FairScheduler:
             t.queue[0].passed += 1
         return t, req, slot
 
-    def _relaxed_pick(self) -> tuple[Tenant, Request, WorkerSlot] | None:
-        """Relaxed head-of-line: the first tenant in the policy's order whose next request fits."""
-        for name in self._waiting.smallest(self.config.relaxed_scan)[1:]:
-            t = self.tenants[name]
+    def _relaxed_pick(self, parent: TreeNode) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """Relaxed head-of-line: the first tenant in the policy's order whose next request fits (in a
+        tree: among the siblings of the one that did not fit)."""
+        for name in parent.waiting.smallest(self.config.relaxed_scan)[1:]:  # type: ignore[union-attr]
+            t = parent.kids[name]
+            if type(t) is TreeNode:
+                continue
             req = self.policy.next_request(t)
             slot = self.workers.place(req.need, req)
             if slot is not None:

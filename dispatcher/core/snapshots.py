@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.core.model import Request, Tenant
+from dispatcher.core.tree import TreeNode
 
 if TYPE_CHECKING:
     from dispatcher.core.scheduler import FairScheduler
 
-SNAPSHOT_VERSION = 2
-DURABLE_VERSION = 2
+SNAPSHOT_VERSION = 3
+DURABLE_VERSION = 3
 _DURABLE_FIELDS = (
     "name",
     "weight",
@@ -30,6 +31,7 @@ _DURABLE_FIELDS = (
     "output_tokens",
     "prompt_tokens",
     "cached_tokens",
+    "parent",
 )
 
 
@@ -40,10 +42,8 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "config": s.config.to_dict(),
         "tenants": [t.state() for t in s.tenants.values()],
         "in_flight": [r.to_dict() for r in s._in_flight.values()],
-        "waiting": [[name, tie] for name, tie in s._waiting.entries()],
-        "next_tie": s._waiting.next_tie,
+        "tree": s.tree.snapshot(),
         "next_seq": s._next_seq,
-        "last_left": s._last_left,
         "longest": [s.longest_prompt, s.longest_output],
         "workers": s.workers.snapshot(),
         "policy": s.policy.snapshot(),
@@ -60,14 +60,15 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
     if data.get("version") != SNAPSHOT_VERSION:
         raise ValueError(f"unsupported snapshot version {data.get('version')!r}")
     s = FairScheduler(SchedulerConfig.from_dict(data["config"]))
+    s.tree.restore_nodes(data["tree"]["nodes"])
     for row in data["tenants"]:
         t = Tenant.from_state(row)
+        s.tree.attach(t, t.parent)
         s.tenants[t.name] = t
         s._queued_ids.update((r.id, t.name) for r in t.queue)
     s._in_flight = {r["id"]: Request(**r | {"prefix": tuple(r.get("prefix", ()))}) for r in data["in_flight"]}
-    s._waiting.load([(name, int(tie)) for name, tie in data["waiting"]], int(data["next_tie"]))
+    s.tree.restore_waiting(data["tree"])
     s._next_seq = int(data["next_seq"])
-    s._last_left = data["last_left"]
     s.longest_prompt, s.longest_output = (int(v) for v in data["longest"])
     s.workers.restore(data["workers"])
     s.policy.restore(data["policy"])
@@ -83,7 +84,13 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
 def durable_state(s: FairScheduler) -> dict[str, Any]:
     """What a restarted dispatcher needs to continue fairly. An assignment that has not started is
     written as if refunded: after the restart it starts (and is adopted) or is submitted again."""
+    nodes = {
+        n.name: TreeNode(n.name, n.weight, n.parent, n.counter, n.service, n.lifted, n.implicit)
+        for n in s.tree.nodes.values()
+    }
     books = {t.name: Tenant(t.name, t.weight, t.counter, t.service, t.lifted) for t in s.tenants.values()}
+    for t in s.tenants.values():
+        books[t.name].ancestors = tuple(nodes[a.name] for a in t.ancestors)
     for r in s._in_flight.values():
         if not r.started:
             s.ledger.account(
@@ -94,9 +101,11 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
     for t in s.tenants.values():
         kept = books[t.name]
         rows.append({**{k: getattr(t, k) for k in _DURABLE_FIELDS}, "counter": kept.counter, "service": kept.service})
+    tree_order = {n.name: i for i, n in enumerate(s.tree.snapshot_order())}
     return {
         "version": DURABLE_VERSION,
         "tenants": rows,
+        "nodes": [n.row() for n in sorted(nodes.values(), key=lambda n: tree_order[n.name])],
         "charged": [
             [r.id, r.prompt_tokens, r.output_tokens, r.charged_output, r.weight]
             for r in s._in_flight.values()
@@ -104,7 +113,8 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
         ]
         + [[rid, *row] for rid, row in s._settled.items()],
         "next_seq": s._next_seq,
-        "last_left": s._last_left,
+        "last_left": s.tree.root.last_left,
+        "waiting_nodes": sorted(set(s.tree.waiting_nodes()) | s.tree.resumed | _nodes_of_unstarted(s)),
         # who was waiting (or assigned, not started: it comes back to its queue): they keep their
         # counters when their callers ask again, as if they had never stopped waiting
         "waiting": sorted({*s._waiting, *(r.tenant for r in s._in_flight.values() if not r.started)} | s._resumed),
@@ -116,21 +126,29 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
 
 def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
     """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
-    if data.get("version") not in (1, DURABLE_VERSION):  # version 1: no waiting set recorded
+    if data.get("version") not in (1, 2, DURABLE_VERSION):  # 1: no waiting set recorded; 2: no tree
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     if s._in_flight or s._queued_ids:
         raise ValueError("restore_durable needs a scheduler with nothing queued or in flight")
+    s.tree.restore_nodes(data.get("nodes", ()))
     for row in data["tenants"]:
         t = Tenant.from_state({**row, "queue": [], "in_flight": 0})
+        s.tree.attach(t, t.parent)
         s.tenants[t.name] = t
     s._settled = _settled_rows(data["charged"])
     s._next_seq = int(data["next_seq"])
     last = data["last_left"]
-    s._last_left = last if last in s.tenants else None
+    s.tree.root.last_left = last if last in s.tree.root.kids else None
+    s.tree.resumed = {name for name in data.get("waiting_nodes", ()) if name in s.tree.nodes}
     s._resumed = {name for name in data.get("waiting", ()) if name in s.tenants}
     _restore_lengths(s, data)
     s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
+
+
+def _nodes_of_unstarted(s: FairScheduler) -> set[str]:
+    """The nodes above requests assigned but not started: they come back to their queues."""
+    return {a.name for r in s._in_flight.values() if not r.started for a in s.tenants[r.tenant].ancestors}
 
 
 def _settled_rows(rows: list[list[Any]]) -> dict[str, tuple[int, int, int, float]]:

@@ -93,6 +93,15 @@ class WaitingSet:
         self._tie = next_tie
 
     @property
+    def key_of(self) -> Callable[[str], float]:
+        return self._key_of
+
+    @key_of.setter
+    def key_of(self, key_of: Callable[[str], float]) -> None:
+        """Change how entries are keyed (a tree node whose children became a mix of nodes and tenants)."""
+        self._key_of = key_of
+
+    @property
     def next_tie(self) -> int:
         return self._tie
 

@@ -12,6 +12,8 @@ A policy answers five questions for the scheduler (DESIGN §2, "policies are plu
 - **re-joining**: ``rejoin``, when a tenant with an empty queue gets a request (VTC's lift).
 - **charging ahead**: ``predict``, output tokens charged at dispatch (VTC with length prediction);
   ``observe`` learns from finished requests.
+- **tenant tree**: ``tree`` says the policy orders by counters (its key is the tenant's counter), so
+  the same order extends to tree nodes and request classes, its ``rejoin`` applied at every level.
 - **locality slack**: ``locality_slack`` (key units; 0 for most): the scheduler may serve, instead of
   the first tenant in order, one whose key is within the slack of it when that one's next request
   finds a longer cached prefix on a worker with room.
@@ -42,6 +44,7 @@ class FairnessPolicy:
     usage: ClassVar[str]  # how the policy is written, e.g. "rpm:N"
     examples: ClassVar[tuple[str, ...]] = ()  # specs that build it (the conformance suite runs each)
     work_conserving: ClassVar[bool] = True
+    tree: ClassVar[bool] = False  # orders by counters, so tree nodes and request classes can be ordered alike
     locality_slack: float = 0.0  # DESIGN §2b: may serve a tenant this far above the least-served one
 
     def __init__(self, seed: int = 0) -> None:

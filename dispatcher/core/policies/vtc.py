@@ -26,6 +26,7 @@ class VirtualTokenCounter(FairnessPolicy):
 
     name = "vtc"
     usage = "vtc"
+    tree = True
 
     def key_function(self, tenants: Mapping[str, Tenant]) -> Callable[[str], float]:
         return lambda name: tenants[name].counter

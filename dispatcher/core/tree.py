@@ -1,0 +1,339 @@
+"""The tenant tree (DESIGN §2b, hierarchy): organisations, teams and keys, each weighted, none starving.
+
+Tenants (the queues) are the leaves; internal nodes group them. Every node has a counter of the
+weighted service of its subtree (each charge of a leaf is charged to every node above it, divided by
+that node's weight) and a waiting set of its children that have waiting work, ordered by their
+counters (a leaf by the policy's key). A decision descends from the root taking the smallest child
+at each level: O(depth · log fan-out). A child that gets waiting work again joins its parent's
+waiting set through the policy's ``rejoin`` (VTC's lift, per level), so idle time earns no credit at
+any level; for any two backlogged siblings the policy's bound holds between their counters.
+
+A flat list of tenants is a tree of depth 1 (every tenant a child of the root): the same decisions as
+without a tree, at the same cost. A second root holds the strict band (operator traffic), served
+before everything and charged to no node of the fair tree.
+
+A tenant with request classes becomes a node of its own (``implicit``, named as the tenant): its
+default class stays the leaf of the tenant's name, each other class a leaf ``tenant~class`` beside
+it, weighted against each other the same way.
+
+Pure: no I/O; the scheduler keeps the leaves' queues and asks this module where they sit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dispatcher.core.model import Tenant
+from dispatcher.core.waiting import WaitingSet
+
+ROOT = ""  # the fair tree's root
+STRICT = "~strict"  # the strict band's root (no tenant or node name can contain "~")
+CLASS_SEP = "~"
+
+
+class TreeError(ValueError):
+    """A change of the tree that cannot be made (a cycle, an unknown parent, a weight <= 0, ...)."""
+
+
+@dataclass(slots=True, eq=False)
+class TreeNode:
+    """An internal node. ``counter``: its subtree's weighted service (charges / its weight, plus
+    lifts); ``service``: its subtree's exact service since it exists; ``waiting``: its children with
+    waiting work; ``last_left``: the last child to leave it (the lift's floor when none waits)."""
+
+    name: str
+    weight: float = 1.0
+    parent: str = ROOT
+    counter: float = 0.0
+    service: float = 0.0
+    lifted: float = 0.0
+    implicit: bool = False  # a tenant's own node, holding its request classes
+    kids: dict[str, Tenant | TreeNode] = field(default_factory=dict)
+    waiting: WaitingSet | None = None
+    last_left: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "parent": self.parent,
+            "counter": self.counter,
+            "service": self.service,
+            "lifted": self.lifted,
+            "implicit": self.implicit,
+        }
+
+
+Member = Tenant | TreeNode
+Rejoin = Callable[[Any, Callable[[], Any]], None]
+
+
+class TenantTree:
+    """Where each tenant sits, and the waiting sets along the way. ``leaf_key``: the policy's key of a
+    waiting tenant; ``rejoin``: the policy's lift, applied to leaves and nodes alike."""
+
+    def __init__(self, tenants: Mapping[str, Tenant], leaf_key: Callable[[str], float], rejoin: Rejoin) -> None:
+        self._tenants = tenants
+        self._leaf_key = leaf_key
+        self._rejoin = rejoin
+        self.nodes: dict[str, TreeNode] = {}
+        self.root = TreeNode(ROOT)
+        self.root.waiting = WaitingSet(leaf_key)
+        self.strict = TreeNode(STRICT)
+        self.strict.waiting = WaitingSet(leaf_key)
+        self.resumed: set[str] = set()  # nodes that were waiting when the durable state was written
+
+    # ------------------------------------------------------------------ structure
+
+    def parent_of(self, member: Member) -> TreeNode:
+        return self.node(member.parent)
+
+    def node(self, name: str) -> TreeNode:
+        if name == ROOT:
+            return self.root
+        if name == STRICT:
+            return self.strict
+        node = self.nodes.get(name)
+        if node is None:
+            raise TreeError(f"no tree node {name!r}")
+        return node
+
+    @property
+    def depth(self) -> int:
+        """Levels of the fair tree (1: flat)."""
+        return 1 + max((self._depth(n) for n in self.nodes.values()), default=0)
+
+    def attach(self, t: Tenant, parent: str) -> None:
+        """Place a new tenant (no queue yet) under ``parent``."""
+        node = self.node(parent)
+        self._check_free(node, t.name, t)
+        t.parent = node.name
+        node.kids[t.name] = t
+        t.ancestors = self._ancestors(node)
+
+    def set_node(self, name: str, parent: str | None, weight: float | None, implicit: bool = False) -> TreeNode:
+        """Create a node, or move and reweight one (None: keep). Takes effect at the next decision."""
+        if weight is not None and not (weight > 0):
+            raise TreeError(f"node {name!r}: weight must be positive, got {weight}")
+        node = self.nodes.get(name)
+        if node is None:
+            if not name or CLASS_SEP in name:
+                raise TreeError(f"node names are non-empty and have no {CLASS_SEP!r}, got {name!r}")
+            if name in self._tenants and not implicit:
+                raise TreeError(f"{name!r} is a tenant; a node needs a name of its own")
+            above = self.node(parent or ROOT)
+            if above is self.strict:
+                raise TreeError("the strict band holds tenants' operator classes only")
+            self._check_free(above, name, None)
+            node = self.nodes[name] = TreeNode(name, float(weight or 1.0), above.name, implicit=implicit)
+            node.waiting = WaitingSet(self._member_key(node))
+            above.kids[name] = node
+            self._mixed(above)
+            return node
+        if weight is not None:
+            node.weight = float(weight)
+            self._rekey(node)
+        if parent is not None and parent != node.parent:
+            self.move(node, parent)
+        return node
+
+    def delete_node(self, name: str) -> None:
+        node = self.node(name)
+        if node is self.root or node is self.strict:
+            raise TreeError("the roots cannot be deleted")
+        if node.kids:
+            raise TreeError(f"node {name!r} still has {len(node.kids)} member(s): move or delete them first")
+        del self.parent_of(node).kids[name]
+        del self.nodes[name]
+
+    def move(self, member: Member, parent: str) -> None:
+        """Move a tenant or a node (with its subtree) under ``parent``. Its counter rises to the new
+        siblings' floor if below it (a counter from another level is no credit here); what its
+        subtree was served stays counted in the nodes it leaves."""
+        target = self.node(parent)
+        old = self.parent_of(member)
+        if target is old:
+            return
+        if type(member) is TreeNode and (target is member or member in self._path(target)):
+            raise TreeError(f"moving {member.name!r} under {parent!r} would make a cycle")
+        if target is self.strict:
+            raise TreeError("the strict band holds tenants' operator classes only")
+        self._check_free(target, member.name, member)
+        waiting = self._is_waiting(member)
+        if waiting:
+            self._leave_from(member, old)
+        del old.kids[member.name]
+        member.parent = target.name
+        target.kids[member.name] = member
+        self._mixed(target)
+        floor = self._floor(target)
+        if floor is not None and floor.counter > member.counter:
+            member.lifted += floor.counter - member.counter
+            member.counter = floor.counter
+        for leaf in self.leaves(member):
+            leaf.ancestors = self._ancestors(self.parent_of(leaf))
+        if waiting:
+            self.join(member, lift=False)
+
+    def leaves(self, member: Member) -> Iterator[Tenant]:
+        if type(member) is TreeNode:
+            for kid in member.kids.values():
+                yield from self.leaves(kid)
+        else:
+            yield member  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ waiting work
+
+    def join(self, member: Member, lift: bool = True) -> None:
+        """``member`` has waiting work again: it joins its parent's waiting set, and so on up while the
+        parent was not waiting itself. ``lift``: by the policy's rule, at every level (a node that was
+        waiting when the durable state was written is not lifted); False for a request put back at
+        the head of its queue, which waited all along."""
+        node, lift_nodes = self.parent_of(member), lift
+        while True:
+            joined_before = len(node.waiting) > 0  # type: ignore[arg-type]
+            if lift:
+                self._rejoin(member, lambda n=node: self._floor(n))
+            node.waiting.push(member.name, self._key_in(member))  # type: ignore[union-attr]
+            if joined_before or node is self.root or node is self.strict:
+                return
+            member, node = node, self.parent_of(node)
+            lift = lift_nodes and member.name not in self.resumed
+            self.resumed.discard(member.name)
+
+    def leave(self, t: Tenant, at_top: bool) -> None:
+        """``t`` has no waiting request left: it leaves its parent's waiting set, and so on up while the
+        parent has no other waiting child. ``at_top``: ``t`` is its parent's peek."""
+        node = self.parent_of(t)
+        if at_top:
+            node.waiting.pop_top(t.name)  # type: ignore[union-attr]
+            node.last_left = t.name
+            self._cascade(node)
+        else:
+            self._leave_from(t, node)
+
+    def pick(self) -> tuple[float, Tenant, TreeNode] | None:
+        """The leaf served next: the strict band first, then down the fair tree taking the smallest
+        child at each level. Returns (its key, the tenant, its parent) or None when no one waits."""
+        node = self.strict if len(self.strict.waiting) else self.root  # type: ignore[arg-type]
+        while True:
+            top = node.waiting.peek()  # type: ignore[union-attr]
+            if top is None:
+                return None
+            member = node.kids[top[1]]
+            if type(member) is not TreeNode:
+                return top[0], member, node  # type: ignore[return-value]
+            node = member
+
+    def any_waiting(self) -> bool:
+        return bool(len(self.root.waiting) or len(self.strict.waiting))  # type: ignore[arg-type]
+
+    def is_waiting(self, t: Tenant) -> bool:
+        return t.name in self.parent_of(t).waiting  # type: ignore[operator]
+
+    def rekey_ancestors(self, t: Tenant) -> None:
+        """Counters above ``t`` may have gone down (a refund, a correction): re-key them where they wait
+        (the waiting sets re-key only growing keys by themselves)."""
+        for node in t.ancestors:
+            self._rekey(node)
+
+    def floor_of(self, t: Tenant) -> Any:
+        return self._floor(self.parent_of(t))
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> dict[str, Any]:
+        every = [self.root, self.strict, *self.nodes.values()]
+        return {
+            "nodes": [n.row() for n in self.snapshot_order()],
+            "waiting": {n.name: [[m, tie] for m, tie in n.waiting.entries()] for n in every},  # type: ignore[union-attr]
+            "ties": {n.name: n.waiting.next_tie for n in every},  # type: ignore[union-attr]
+            "last_left": {n.name: n.last_left for n in every if n.last_left is not None},
+        }
+
+    def restore_nodes(self, rows: list[Mapping[str, Any]]) -> None:
+        """Re-create nodes (parents first) with their counters; tenants are attached afterwards."""
+        for row in rows:
+            name, parent, implicit = str(row["name"]), str(row.get("parent", ROOT)), bool(row.get("implicit"))
+            node = self.set_node(name, parent, float(row["weight"]), implicit)
+            node.counter, node.service, node.lifted = float(row["counter"]), float(row["service"]), float(row["lifted"])
+
+    def restore_waiting(self, data: Mapping[str, Any]) -> None:
+        for name, entries in data["waiting"].items():
+            node = self.node(name)
+            node.waiting.load([(m, int(tie)) for m, tie in entries], int(data["ties"][name]))  # type: ignore[union-attr]
+        for name, left in data.get("last_left", {}).items():
+            self.node(name).last_left = left
+
+    def waiting_nodes(self) -> list[str]:
+        return [n.name for n in self.nodes.values() if len(n.waiting)]  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ internals
+
+    def snapshot_order(self) -> list[TreeNode]:
+        """Nodes, parents before children (the order they can be created again in)."""
+        return sorted(self.nodes.values(), key=self._depth)
+
+    def _depth(self, node: TreeNode) -> int:
+        return len(self._path(node))
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """``node`` and the nodes above it, nearest first (the roots excluded)."""
+        path = []
+        while node is not self.root and node is not self.strict:
+            path.append(node)
+            node = self.node(node.parent)
+        return path
+
+    def _ancestors(self, node: TreeNode) -> tuple[TreeNode, ...]:
+        return tuple(self._path(node))
+
+    def _check_free(self, node: TreeNode, name: str, member: Member | None) -> None:
+        there = node.kids.get(name)
+        if there is not None and there is not member:
+            raise TreeError(f"{node.name or 'the root'} already has a member named {name!r}")
+
+    def _member_key(self, node: TreeNode) -> Callable[[str], float]:
+        kids, leaf_key = node.kids, self._leaf_key
+
+        def key(name: str) -> float:
+            member = kids[name]
+            return member.counter if type(member) is TreeNode else leaf_key(name)
+
+        return key
+
+    def _mixed(self, node: TreeNode) -> None:
+        """A node whose children include nodes keys its waiting set by member (not by tenant name)."""
+        if node.waiting is not None and node.waiting.key_of is self._leaf_key:
+            node.waiting.key_of = self._member_key(node)
+
+    def _key_in(self, member: Member) -> float:
+        return member.counter if type(member) is TreeNode else self._leaf_key(member.name)
+
+    def _is_waiting(self, member: Member) -> bool:
+        return member.name in self.parent_of(member).waiting  # type: ignore[operator]
+
+    def _leave_from(self, member: Member, node: TreeNode) -> None:
+        node.waiting.remove(member.name)  # type: ignore[union-attr]
+        node.last_left = member.name
+        self._cascade(node)
+
+    def _cascade(self, node: TreeNode) -> None:
+        while not len(node.waiting) and node is not self.root and node is not self.strict:  # type: ignore[arg-type]
+            above = self.parent_of(node)
+            above.waiting.remove(node.name)  # type: ignore[union-attr]
+            above.last_left = node.name
+            node = above
+
+    def _rekey(self, node: TreeNode) -> None:
+        if len(node.waiting):  # type: ignore[arg-type]
+            self.parent_of(node).waiting.push(node.name, node.counter)  # type: ignore[union-attr]
+
+    def _floor(self, node: TreeNode) -> Any:
+        """The lift's floor among ``node``'s children: the least-served waiting one, or the last to leave."""
+        top = node.waiting.peek()  # type: ignore[union-attr]
+        if top is not None:
+            return node.kids[top[1]]
+        return None if node.last_left is None else node.kids.get(node.last_left)
