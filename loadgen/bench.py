@@ -26,8 +26,12 @@ QUEUED = 1_000
 PREFIX_BLOCKS, BLOCK_TOKENS, CONVERSATIONS = 8, 256, 4
 
 
-def decisions_per_second(tenants: int, decisions: int, backlog: int, seed: int = 0, prefixed: bool = False) -> float:
-    """Time ``decisions`` decisions with ``backlog`` requests kept waiting across ``tenants``."""
+def decisions_per_second(
+    tenants: int, decisions: int, backlog: int, seed: int = 0, prefixed: bool = False, fan_out: int = 0
+) -> float:
+    """Time ``decisions`` decisions with ``backlog`` requests kept waiting across ``tenants``.
+    ``fan_out``: the tenants are the leaves of a 3-level tree (organisations of ``fan_out`` teams of
+    ``tenants / fan_out²`` keys each, weights varied); 0: flat."""
     config = SchedulerConfig(max_engine_waiting=1)
     if prefixed:
         config = SchedulerConfig(max_engine_waiting=1, policy="vtc-locality", placement="prefix-affinity")
@@ -35,8 +39,7 @@ def decisions_per_second(tenants: int, decisions: int, backlog: int, seed: int =
     sched.worker_join("w", kv_tokens=1 << 60)
     sched.worker_join("w2", kv_tokens=1 << 60)
     names = [f"t{i}" for i in range(tenants)]
-    for name in names:
-        sched.add_tenant(name)
+    build_tree(sched, names, fan_out)
     rng = random.Random(seed)
     prompts = {
         name: [tuple(hash((name, c, b)) for b in range(PREFIX_BLOCKS)) for c in range(CONVERSATIONS)]
@@ -61,6 +64,50 @@ def decisions_per_second(tenants: int, decisions: int, backlog: int, seed: int =
             report(a.worker_id, {rid: 32}, started={rid: prompt_tokens}, cached={rid: a.request.cached}, running=0)
             finish(rid, 32, "stop", now)
     return decisions / (time.perf_counter() - start)
+
+
+def build_tree(sched: FairScheduler, names: list[str], fan_out: int) -> None:
+    """Add ``names`` as tenants: flat (``fan_out`` 0), or leaves of organisations -> teams -> keys."""
+    if not fan_out:
+        for name in names:
+            sched.add_tenant(name)
+        return
+    keys = max(1, len(names) // (fan_out * fan_out))
+    for o in range(fan_out):
+        sched.set_node(f"org{o}", None, 1.0 + o % 3)
+        for t in range(fan_out):
+            sched.set_node(f"org{o}.team{t}", f"org{o}", 1.0 + t % 4)
+    for i, name in enumerate(names):
+        team = i // keys
+        sched.add_tenant(name, 1.0, f"org{(team // fan_out) % fan_out}.team{team % fan_out}")
+
+
+def idle_leaf_bytes(leaves: int = 10_000, fan_out: int = 10) -> float:
+    """Memory one idle leaf of the tree costs the core (its record and its place in its parent)."""
+    import tracemalloc
+
+    names = [f"t{i}" for i in range(leaves)]
+    sched = FairScheduler(SchedulerConfig())
+    build_tree(sched, [], fan_out)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    keys = leaves // (fan_out * fan_out)
+    for i, name in enumerate(names):
+        team = i // keys
+        sched.add_tenant(name, 1.0, f"org{(team // fan_out) % fan_out}.team{team % fan_out}")
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return used / leaves
+
+
+def bench_tree(decisions: int, rounds: int = 5, leaves: int = 10_000, fan_out: int = 10) -> tuple[float, float]:
+    """(decisions/s of the flat core at 1,000 tenants, of a 3-level tree of ``leaves`` leaves), 1,000
+    queued, best of ``rounds``, taking turns within each round."""
+    flat = tree = 0.0
+    for r in range(rounds):
+        flat = max(flat, decisions_per_second(1000, decisions, QUEUED, r))
+        tree = max(tree, decisions_per_second(leaves, decisions, QUEUED, r, fan_out=fan_out))
+    return flat, tree
 
 
 def bench_prefix_index(tenants: int, decisions: int, rounds: int = 5) -> tuple[float, float]:

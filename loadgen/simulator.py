@@ -49,9 +49,13 @@ class SimulationConfig:
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
     """The scheduler with the run's policy, cost and knobs (the fields both configurations share)."""
     shared = {f.name for f in fields(SchedulerConfig)} & {f.name for f in fields(SimulationConfig)}
-    sched = FairScheduler(SchedulerConfig(**{name: getattr(config, name) for name in shared}))
+    settings = {name: getattr(config, name) for name in shared}
+    sched = FairScheduler(SchedulerConfig(**settings, classes=workload.classes))
+    for node, parent, weight in workload.tree:
+        sched.set_node(node, parent or None, weight)
     for name in workload.tenants:
-        sched.add_tenant(name, workload.weight(name))
+        if name in workload.weights or "~" not in name:
+            sched.add_tenant(name, workload.weight(name), workload.parents.get(name) or None)
     return sched
 
 
@@ -171,12 +175,21 @@ class Simulation:
             r = requests[self._next_arrival]
             rid = str(self._next_arrival)
             self._next_arrival += 1
-            rec.on_arrival(rid, r.tenant, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            leaf = sched.class_leaf(r.tenant, r.klass).name if r.klass else r.tenant
+            rec.on_arrival(rid, leaf, r.arrival_s, r.prompt_tokens, r.output_tokens)
             asked = r.max_tokens or r.output_tokens
             block = self._prefix_block
             prefix = r.prefix if block else ()
             reason = sched.submit(
-                rid, r.tenant, r.prompt_tokens, asked, self.now, r.output_tokens, prefix=prefix, block_tokens=block
+                rid,
+                r.tenant,
+                r.prompt_tokens,
+                asked,
+                self.now,
+                r.output_tokens,
+                prefix=prefix,
+                block_tokens=block,
+                klass=r.klass,
             )
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dispatcher.core.classes import RequestClass, check_classes, default_class, leaf_name
 from loadgen.trace import load_trace_csv, synthesize_arena_trace
 
 
@@ -36,11 +37,14 @@ class TraceRequest:
     output_tokens: int
     max_tokens: int | None = None
     prefix: tuple[int, ...] = ()
+    klass: str = ""  # its request class ("": the default)
 
 
 @dataclass
 class Workload:
-    """Requests sorted by arrival. ``kv_tokens``: a pool size the workload asks for (ablations)."""
+    """Requests sorted by arrival. ``kv_tokens``: a pool size the workload asks for (ablations).
+    ``tree``: tenant tree nodes (name, parent, weight), parents first; ``parents``: each tenant's node
+    (absent: the root); ``classes``: the request classes its requests name (DESIGN §2b)."""
 
     name: str
     duration_s: float
@@ -48,12 +52,17 @@ class Workload:
     weights: dict[str, float] = field(default_factory=dict)
     kv_tokens: int | None = None
     prefix_block: int = 0  # tokens per prefix hash (0: the requests carry none)
+    tree: list[tuple[str, str, float]] = field(default_factory=list)
+    parents: dict[str, str] = field(default_factory=dict)
+    classes: tuple[RequestClass, ...] = ()
 
     @property
     def tenants(self) -> list[str]:
+        """The leaves that queue requests: tenants, and ``tenant~class`` for a non-default class."""
+        default = default_class(self.classes)
         seen = dict.fromkeys(self.weights)
         for r in self.requests:
-            seen.setdefault(r.tenant)
+            seen.setdefault(leaf_name(r.tenant, r.klass, default))
         return list(seen)
 
     def weight(self, tenant: str) -> float:
@@ -71,7 +80,17 @@ class Workload:
         if seconds is None or seconds >= self.duration_s:
             return self
         kept = [r for r in self.requests if r.arrival_s < seconds]
-        return Workload(self.name, seconds, kept, dict(self.weights), self.kv_tokens, self.prefix_block)
+        return Workload(
+            self.name,
+            seconds,
+            kept,
+            dict(self.weights),
+            self.kv_tokens,
+            self.prefix_block,
+            list(self.tree),
+            dict(self.parents),
+            self.classes,
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,8 @@ class TenantSpec:
     prompt: tuple[int, int] = (256, 256)
     output: tuple[int, int] = (256, 256)
     weight: float = 1.0
+    parent: str = ""  # its tree node ("": the root)
+    klass: str = ""  # the request class of its requests ("": the default)
 
 
 def generate(name: str, duration_s: float, specs: list[TenantSpec], seed: int, rate_scale: float = 1.0) -> Workload:
@@ -109,9 +130,10 @@ def generate(name: str, duration_s: float, specs: list[TenantSpec], seed: int, r
             for t in _arrivals(phase, rng, rate_scale):
                 p = int(rng.integers(spec.prompt[0], spec.prompt[1] + 1))
                 o = int(rng.integers(spec.output[0], spec.output[1] + 1))
-                requests.append(TraceRequest(spec.name, float(t), p, o))
-    requests.sort(key=lambda r: (r.arrival_s, r.tenant))
-    return Workload(name, duration_s, requests, {s.name: s.weight for s in specs})
+                requests.append(TraceRequest(spec.name, float(t), p, o, klass=spec.klass))
+    requests.sort(key=lambda r: (r.arrival_s, r.tenant, r.klass))
+    parents = {s.name: s.parent for s in specs if s.parent}
+    return Workload(name, duration_s, requests, {s.name: s.weight for s in specs}, parents=parents)
 
 
 def _arrivals(phase: Phase, rng: np.random.Generator, scale: float) -> list[float]:
@@ -334,9 +356,17 @@ def workload_from_spec(spec: Any, seed: int, default_name: str = "custom", scale
     name: mixed
     duration_s: 300
     kv_tokens: 10000            # optional
+    tree:                       # optional: the tenant tree, parents first
+      - {name: org-a, weight: 1}
+      - {name: team-a1, parent: org-a, weight: 2}
+    classes:                    # optional: request classes (the first not strict is the default)
+      - {name: interactive, weight: 3, ttft_s: 2.0}
+      - {name: batch, weight: 1}
     tenants:
       - name: alice
         weight: 1               # optional
+        parent: team-a1         # optional: its tree node
+        class: batch            # optional: its requests' class (one name may appear once per class)
         rate: 2.0               # req/s (or ``phases: [{start_s, end_s, rate, rate_end, arrival, on_off_s}]``)
         rate_end: 4.0           # optional linear ramp
         arrival: poisson        # uniform (default) | poisson
@@ -352,9 +382,12 @@ def workload_from_spec(spec: Any, seed: int, default_name: str = "custom", scale
     if not isinstance(tenants, list) or not tenants:
         raise WorkloadError("workload spec: 'tenants' must be a non-empty list")
     specs = [_tenant_spec(i, t, duration) for i, t in enumerate(tenants)]
-    if len({s.name for s in specs}) != len(specs):
-        raise WorkloadError("workload spec: tenant names must be unique")
+    if len({(s.name, s.klass) for s in specs}) != len(specs):
+        raise WorkloadError("workload spec: tenant names must be unique (per request class)")
+    tree, classes = _tree(spec.get("tree") or []), _classes(spec.get("classes") or [])
+    _check_tree(tree, classes, specs)
     workload = generate(name, duration, specs, int(spec.get("seed", seed)), scale)
+    workload.tree, workload.classes = tree, classes
     if spec.get("kv_tokens") is not None:
         workload.kv_tokens = int(_positive(spec["kv_tokens"], "kv_tokens"))
     return workload
@@ -374,6 +407,8 @@ def _tenant_spec(index: int, raw: Any, duration: float) -> TenantSpec:
         "prompt_len",
         "output_len",
         "phases",
+        "parent",
+        "class",
     }
     unknown = set(raw) - known
     if unknown:
@@ -394,7 +429,47 @@ def _tenant_spec(index: int, raw: Any, duration: float) -> TenantSpec:
         _length_range(raw.get("prompt_len", 256), f"{where}.prompt_len", low=0),
         _length_range(raw.get("output_len", 256), f"{where}.output_len", low=1),
         _positive(raw.get("weight", 1.0), f"{where}.weight"),
+        str(raw.get("parent") or ""),
+        str(raw.get("class") or ""),
     )
+
+
+def _tree(raw: Any) -> list[tuple[str, str, float]]:
+    if not isinstance(raw, list):
+        raise WorkloadError("workload spec: 'tree' must be a list of {name, parent, weight}")
+    nodes = []
+    for i, row in enumerate(raw):
+        where = f"tree[{i}]"
+        fields_ok = isinstance(row, Mapping) and not set(row) - {"name", "parent", "weight"}
+        if not fields_ok or not isinstance(row.get("name"), str):
+            raise WorkloadError(f"workload spec: {where} must be a mapping of name, parent, weight")
+        weight = _positive(row.get("weight", 1.0), f"{where}.weight")
+        nodes.append((row["name"], str(row.get("parent") or ""), weight))
+    return nodes
+
+
+def _classes(raw: Any) -> tuple[RequestClass, ...]:
+    if not isinstance(raw, list):
+        raise WorkloadError("workload spec: 'classes' must be a list of {name, weight, strict, ttft_s}")
+    try:
+        return check_classes(RequestClass.from_dict(c) for c in raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkloadError(f"workload spec: classes: {exc}") from None
+
+
+def _check_tree(tree: list[tuple[str, str, float]], classes: tuple[RequestClass, ...], specs: list[TenantSpec]) -> None:
+    """Build the tree once in a scheduler: the core's own checks name what is wrong."""
+    from dispatcher.core import FairScheduler, SchedulerConfig
+
+    try:
+        sched = FairScheduler(SchedulerConfig(classes=classes))
+        for node, parent, weight in tree:
+            sched.set_node(node, parent or None, weight)
+        for s in specs:
+            sched.add_tenant(s.name, s.weight, s.parent or None)
+            sched.class_leaf(s.name, s.klass)
+    except ValueError as exc:
+        raise WorkloadError(f"workload spec: {exc}") from None
 
 
 def _phase(where: str, raw: Any, duration: float) -> Phase:

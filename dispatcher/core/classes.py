@@ -55,6 +55,11 @@ def check_classes(classes: Iterable[RequestClass]) -> tuple[RequestClass, ...]:
     return classes
 
 
+def leaf_name(tenant: str, klass: str, default: str) -> str:
+    """The leaf that queues ``tenant``'s requests of class ``klass`` (the tenant's own for its default)."""
+    return tenant if not klass or klass == default else f"{tenant}~{klass}"
+
+
 def default_class(classes: Iterable[RequestClass]) -> str:
     """The first class that is not strict ("" when there are no classes)."""
     return next((c.name for c in classes if not c.strict), "")

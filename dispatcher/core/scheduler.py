@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
-from dispatcher.core.classes import RequestClass, check_classes, default_class
+from dispatcher.core.classes import RequestClass, check_classes, default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
 from dispatcher.core.fairness import two_u
 from dispatcher.core.ledger import Ledger
@@ -34,7 +34,7 @@ from dispatcher.core.reasons import (
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
 )
-from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TenantTree, TreeError, TreeNode
+from dispatcher.core.tree import ROOT, STRICT, TenantTree, TreeError, TreeNode
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 RESERVES = ("full", "predicted")
@@ -213,12 +213,12 @@ class FairScheduler:
         tenant's own), created on first use under the tenant's own node (a strict class: in the
         strict band). Raises ValueError for an unknown class."""
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
-        if not klass or klass == self.default_class:
+        name = leaf_name(tenant, klass, self.default_class)
+        if name == tenant:
             return t
         spec = self.classes.get(klass)
         if spec is None:
             raise ValueError(f"unknown request class {klass!r}")
-        name = f"{tenant}{CLASS_SEP}{klass}"
         leaf = self.tenants.get(name)
         if leaf is None:
             parent = STRICT if spec.strict else self._own_node(t).name
@@ -686,14 +686,8 @@ class FairScheduler:
         own = self._class_node(t)
         if own is not None:
             return own
-        own = self.tree.set_node(t.name, t.parent, t.weight, implicit=True)
-        own.counter, own.lifted = t.counter, t.lifted
-        self.tree.move(t, own.name)
         spec = self.classes.get(self.default_class)
-        before = self._key_if_waiting(t)
-        t.weight = spec.weight if spec is not None else 1.0
-        self._rekey_if_lower(t, before)
-        return own
+        return self.tree.split(t, spec.weight if spec is not None else 1.0)
 
     def _class_node(self, t: Tenant) -> TreeNode | None:
         node = self.tree.nodes.get(t.parent) if t.parent == t.name else None

@@ -139,6 +139,26 @@ class TenantTree:
             self.move(node, parent)
         return node
 
+    def split(self, t: Tenant, weight: float) -> TreeNode:
+        """Give tenant ``t`` a node of its own (for its request classes): the node takes its place,
+        name, weight and counter; ``t`` becomes the node's first leaf, of ``weight``."""
+        above = self.parent_of(t)
+        waiting = self._is_waiting(t)
+        if waiting:
+            self._leave_from(t, above)
+        del above.kids[t.name]
+        node = TreeNode(t.name, t.weight, above.name, t.counter, t.service, t.lifted, implicit=True)
+        node.waiting = WaitingSet(self._member_key(node))
+        self.nodes[t.name] = node
+        above.kids[t.name] = node
+        self._mixed(above)
+        t.parent, t.weight = node.name, float(weight)
+        node.kids[t.name] = t
+        t.ancestors = self._ancestors(node)
+        if waiting:
+            self.join(t, lift=False)
+        return node
+
     def delete_node(self, name: str) -> None:
         node = self.node(name)
         if node is self.root or node is self.strict:
