@@ -11,23 +11,30 @@ written once), and the charged point's move divided by the tenant's weight on it
 Prompt tokens found in the engine's prefix cache are a third coordinate, accounted apart
 (``account_cached``): their discount is linear, so it moves service and counter alike.
 Every move is charged to the tenant's tree nodes too (DESIGN §2b hierarchy), each counter divided
-by that node's weight now: a node's counter is its subtree's weighted service.
+by that node's weight: a node's counter is its subtree's weighted service. A request remembers the
+nodes and weights its dispatch was charged to (``Request.path``), so that its refunds and
+corrections go back there at those weights, whatever moved or was reweighted in between.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dispatcher.core.costs import CostFunction
 from dispatcher.core.model import Tenant
 
 Point = tuple[int, int] | None  # (prompt tokens, output tokens), or None: nothing accounted
 Move = tuple[Point, Point]  # (before, after)
+Path = Sequence[Sequence[Any]]  # ((node name, its weight when charged), ...): where a request's charge went
 
 
 class Ledger:
-    __slots__ = ("_discount", "_h", "cost")
+    __slots__ = ("_discount", "_h", "cost", "nodes")
 
-    def __init__(self, cost: CostFunction) -> None:
+    def __init__(self, cost: CostFunction, nodes: Mapping[str, Any] | None = None) -> None:
         self.cost = cost
+        self.nodes: Mapping[str, Any] = {} if nodes is None else nodes  # the tree's nodes by name
         self._h = cost.total
         self._discount = cost.cached_discount
 
@@ -36,34 +43,52 @@ class Ledger:
         h = self._h
         return (0.0 if after is None else h(*after)) - (0.0 if before is None else h(*before))
 
-    def account(self, tenant: Tenant, served: Move, charged: Move | None = None, weight: float | None = None) -> None:
+    def account(
+        self,
+        tenant: Tenant,
+        served: Move,
+        charged: Move | None = None,
+        weight: float | None = None,
+        path: Path | None = None,
+    ) -> None:
         """Move a request's service point (the tenant's exact service) and its charged point (the
         tenant's counter, divided by its weight); ``charged`` None: the same move as ``served``, when
         nothing is charged ahead (the cost is computed once: this runs for every step of a request).
         ``weight``: the weight a correction or refund is divided by, the one of the charge it undoes
-        (a live weight change in between must not turn a refund into credit); default the current one."""
+        (a live weight change in between must not turn a refund into credit); default the current one.
+        ``path``: likewise the tree nodes (and their weights) its charge went to (default: the
+        tenant's ancestors now, at their weights now)."""
         amount = self.cost_between(*served)
         tenant.service += amount
-        ancestors = tenant.ancestors
-        if ancestors:
-            for node in ancestors:
+        charge = amount if charged is None else self.cost_between(*charged)
+        tenant.counter += charge / (tenant.weight if weight is None else weight)
+        if path is None:
+            for node in tenant.ancestors:
                 node.service += amount
-        if charged is not None:
-            amount = self.cost_between(*charged)
-        tenant.counter += amount / (tenant.weight if weight is None else weight)
-        if ancestors:
-            for node in ancestors:
-                node.counter += amount / node.weight
+                node.counter += charge / node.weight
+        elif path:
+            self._along(path, amount, charge)
 
-    def account_cached(self, tenant: Tenant, before: int, after: int, weight: float) -> None:
+    def account_cached(self, tenant: Tenant, before: int, after: int, weight: float, path: Path | None = None) -> None:
         """A request's cached prompt tokens go from ``before`` to ``after`` (expected at dispatch, the
         engine's exact count at start, back to 0 on a refund): service and counter move by the
-        discount, the counter at the weight the request was charged at."""
+        discount, the counter at the weight the request was charged at (and its nodes at theirs)."""
         if before == after:
             return
         amount = self._discount(before) - self._discount(after)
         tenant.service += amount
         tenant.counter += amount / weight
-        for node in tenant.ancestors:
-            node.service += amount
-            node.counter += amount / node.weight
+        if path is None:
+            for node in tenant.ancestors:
+                node.service += amount
+                node.counter += amount / node.weight
+        elif path:
+            self._along(path, amount, amount)
+
+    def _along(self, path: Path, amount: float, charge: float) -> None:
+        nodes = self.nodes
+        for name, weight in path:
+            node = nodes.get(name)
+            if node is not None:  # a node deleted since keeps nothing
+                node.service += amount
+                node.counter += charge / weight

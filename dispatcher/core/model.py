@@ -40,9 +40,16 @@ class Request:
     block_tokens: int = 0
     cached: int = 0
     passed: int = 0  # times a later request of its tenant went first for its cached prefix
+    path: tuple[tuple[str, float], ...] = ()  # its tenant's tree nodes and their weights at dispatch
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def request_from_dict(data: dict[str, Any]) -> Request:
+    """A request from ``to_dict`` (through JSON: its tuples came back as lists)."""
+    path = tuple((str(name), float(w)) for name, w in data.get("path", ()))
+    return Request(**data | {"prefix": tuple(data.get("prefix", ())), "path": path})
 
 
 @dataclass(slots=True, eq=False)
@@ -93,7 +100,7 @@ class Tenant:
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> Tenant:
-        queue = deque(Request(**r | {"prefix": tuple(r.get("prefix", ()))}) for r in data["queue"])
+        queue = deque(request_from_dict(r) for r in data["queue"])
         return cls(
             name=data["name"],
             weight=float(data["weight"]),

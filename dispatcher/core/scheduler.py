@@ -116,6 +116,11 @@ class SchedulerConfig:
         )
 
 
+# what a request that ran was charged, kept for its re-announcement: prompt, output, charged output,
+# the weight and tree path its charges were divided by
+Settled = tuple[int, int, int, float, tuple[tuple[str, float], ...]]
+
+
 class Assignment(NamedTuple):
     """A decision: start ``request`` on worker ``worker_id`` now."""
 
@@ -138,7 +143,7 @@ class FairScheduler:
         self.config = config or SchedulerConfig()
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
-        self.ledger = Ledger(self.cost)
+        self.ledger = Ledger(self.cost)  # its nodes: the tree's, below
         # what each tenant's requests generate, for reservations by prediction (None: full reserves)
         self.reserve_lengths = MovingAveragePredictor() if self.config.reserve == "predicted" else None
         self.prefixes = PrefixIndex()  # which prompt blocks each worker probably caches
@@ -149,6 +154,7 @@ class FairScheduler:
         self.tenants: dict[str, Tenant] = {}
         self._key = self.policy.key_function(self.tenants)
         self.tree = TenantTree(self.tenants, self._key, self.policy.rejoin)
+        self.ledger.nodes = self.tree.nodes
         self._waiting = self.tree.root.waiting
         self.classes = {c.name: c for c in self.config.classes}
         self.default_class = default_class(self.config.classes)
@@ -158,7 +164,7 @@ class FairScheduler:
         self._next_seq = 0
         # id -> (prompt, output, charged output, weight charged at) of requests that ran when their worker
         # or this dispatcher went away: what a re-announcement is charged beyond
-        self._settled: dict[str, tuple[int, int, int, float]] = {}
+        self._settled: dict[str, Settled] = {}
         self._resumed: set[str] = set()  # tenants waiting when the durable state was written (not lifted)
         self.longest_prompt = 0  # of every request submitted, and the largest max_tokens: for 2U
         self.longest_output = 0
@@ -447,7 +453,7 @@ class FairScheduler:
             t.in_flight -= 1
             t.finished += 1
             self._rekey_if_lower(t, before)
-            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output, req.weight)
+            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output, req.weight, req.path)
             lost.append(req.id)
         requeued.reverse()
         return LeaveResult(requeued, lost)
@@ -468,6 +474,7 @@ class FairScheduler:
         t.queue.appendleft(req)
         if before is None:  # it waits again, ahead of everything it sent later, as it did before
             self.tree.join(t, lift=False)
+            self.tree.rekey_ancestors(t)  # the refund lowered the counters above it
         else:
             self._rekey_if_lower(t, before)
         t.queued_tokens += req.prompt_tokens + req.max_tokens
@@ -493,13 +500,16 @@ class FairScheduler:
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
         t = self.tenants.get(tenant) or self.add_tenant(tenant)
-        before_p, before_out, before_charged, weight = self._settled.pop(request_id, (0, 0, 0, t.weight))
+        before_p, before_out, before_charged, weight, path = self._settled.pop(request_id, (0, 0, 0, t.weight, None))
+        if path is None:  # charged afresh: to the nodes above it now
+            path = tuple((node.name, node.weight) for node in t.ancestors)
         known = bool(before_p or before_out or before_charged)
         charged = max(output_tokens, before_charged)
         self.ledger.account(
             t,
             ((before_p, before_out) if known else None, (prompt_tokens, output_tokens)),
             ((before_p, before_charged) if known else None, (prompt_tokens, charged)),
+            path=path,  # where its earlier charges went, at those weights
         )
         t.output_tokens += max(0, output_tokens - before_out)
         length = max(max_tokens, output_tokens, 1)
@@ -507,6 +517,7 @@ class FairScheduler:
         req = Request(request_id, tenant, prompt_tokens, length, 0.0, self._next_seq, need)
         self._next_seq += 1
         req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight
+        req.path = path
         req.output_tokens, req.charged_output = output_tokens, charged
         slot.committed += need
         slot.in_flight += 1
@@ -664,6 +675,7 @@ class FairScheduler:
         worker and caller has had time to come back)."""
         self._settled.clear()
         self._resumed.clear()
+        self.tree.resumed.clear()
 
     # --------------------------------------------------------------- internals
 
@@ -687,7 +699,11 @@ class FairScheduler:
         if own is not None:
             return own
         spec = self.classes.get(self.default_class)
-        return self.tree.split(t, spec.weight if spec is not None else 1.0)
+        own = self.tree.split(t, spec.weight if spec is not None else 1.0)
+        for req in self._in_flight.values():  # the node took over their charges: their refunds go there too
+            if req.tenant == t.name:
+                req.path = ((own.name, req.weight), *req.path)
+        return own
 
     def _class_node(self, t: Tenant) -> TreeNode | None:
         node = self.tree.nodes.get(t.parent) if t.parent == t.name else None
@@ -745,6 +761,7 @@ class FairScheduler:
         self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
         req.predicted = req.charged_output = predicted
         req.weight = t.weight
+        req.path = tuple((node.name, node.weight) for node in t.ancestors)  # where refunds go back to
         if req.prefix:
             expected = self.prefixes.expected_tokens(slot.id, req.prefix, req.block_tokens)
             req.cached = _cacheable(expected, n_p)
@@ -779,9 +796,8 @@ class FairScheduler:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
             old, out, charged = req.prompt_tokens, req.output_tokens, req.charged_output
-            self.ledger.account(
-                t, ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged)), req.weight
-            )
+            move = ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged))
+            self.ledger.account(t, *move, req.weight, req.path)
             delta = prompt_tokens - old
             req.prompt_tokens = prompt_tokens
             req.need += delta
@@ -800,7 +816,7 @@ class FairScheduler:
         if exact != req.cached:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
-            self.ledger.account_cached(t, req.cached, exact, req.weight)
+            self.ledger.account_cached(t, req.cached, exact, req.weight, req.path)
             req.cached = exact
             self._rekey_if_lower(t, before)
 
@@ -817,8 +833,8 @@ class FairScheduler:
     def _refund_dispatch(self, t: Tenant, req: Request) -> None:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
         n_p = req.prompt_tokens
-        self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None), req.weight)
-        self.ledger.account_cached(t, req.cached, 0, req.weight)
+        self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None), req.weight, req.path)
+        self.ledger.account_cached(t, req.cached, 0, req.weight, req.path)
         req.cached = 0
 
     def _settle_prediction(self, t: Tenant, req: Request) -> None:
@@ -826,7 +842,8 @@ class FairScheduler:
         weight it was charged at (its dispatch)."""
         if req.charged_output > req.output_tokens:
             served = (req.prompt_tokens, req.output_tokens)
-            self.ledger.account(t, (served, served), ((req.prompt_tokens, req.charged_output), served), req.weight)
+            charged = ((req.prompt_tokens, req.charged_output), served)
+            self.ledger.account(t, (served, served), charged, req.weight, req.path)
             req.charged_output = req.output_tokens
 
     def _drop(self, t: Tenant, req: Request, reason: str) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core.model import Request, Tenant
+from dispatcher.core.ledger import Ledger
+from dispatcher.core.model import Tenant, request_from_dict
 from dispatcher.core.tree import TreeNode
 
 if TYPE_CHECKING:
-    from dispatcher.core.scheduler import FairScheduler
+    from dispatcher.core.scheduler import FairScheduler, Settled
 
 SNAPSHOT_VERSION = 3
 DURABLE_VERSION = 3
@@ -47,7 +48,7 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "longest": [s.longest_prompt, s.longest_output],
         "workers": s.workers.snapshot(),
         "policy": s.policy.snapshot(),
-        "settled": [[rid, *row] for rid, row in s._settled.items()],
+        "settled": _rows(s),
         "resumed": sorted(s._resumed),
         "reserve_lengths": _lengths(s),
         "prefixes": s.prefixes.snapshot(),
@@ -66,7 +67,7 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
         s.tree.attach(t, t.parent)
         s.tenants[t.name] = t
         s._queued_ids.update((r.id, t.name) for r in t.queue)
-    s._in_flight = {r["id"]: Request(**r | {"prefix": tuple(r.get("prefix", ()))}) for r in data["in_flight"]}
+    s._in_flight = {r["id"]: request_from_dict(r) for r in data["in_flight"]}
     s.tree.restore_waiting(data["tree"])
     s._next_seq = int(data["next_seq"])
     s.longest_prompt, s.longest_output = (int(v) for v in data["longest"])
@@ -91,12 +92,12 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
     books = {t.name: Tenant(t.name, t.weight, t.counter, t.service, t.lifted) for t in s.tenants.values()}
     for t in s.tenants.values():
         books[t.name].ancestors = tuple(nodes[a.name] for a in t.ancestors)
+    ledger = Ledger(s.cost, nodes)  # refunds on the copies
     for r in s._in_flight.values():
         if not r.started:
-            s.ledger.account(
-                books[r.tenant], ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None), r.weight
-            )
-            s.ledger.account_cached(books[r.tenant], r.cached, 0, r.weight)
+            move = ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None)
+            ledger.account(books[r.tenant], *move, r.weight, r.path)
+            ledger.account_cached(books[r.tenant], r.cached, 0, r.weight, r.path)
     rows = []
     for t in s.tenants.values():
         kept = books[t.name]
@@ -107,17 +108,19 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
         "tenants": rows,
         "nodes": [n.row() for n in sorted(nodes.values(), key=lambda n: tree_order[n.name])],
         "charged": [
-            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output, r.weight]
+            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output, r.weight, [list(p) for p in r.path]]
             for r in s._in_flight.values()
             if r.started
         ]
-        + [[rid, *row] for rid, row in s._settled.items()],
+        + _rows(s),
         "next_seq": s._next_seq,
         "last_left": s.tree.root.last_left,
         "waiting_nodes": sorted(set(s.tree.waiting_nodes()) | s.tree.resumed | _nodes_of_unstarted(s)),
         # who was waiting (or assigned, not started: it comes back to its queue): they keep their
         # counters when their callers ask again, as if they had never stopped waiting
-        "waiting": sorted({*s._waiting, *(r.tenant for r in s._in_flight.values() if not r.started)} | s._resumed),
+        "waiting": sorted(
+            {*s.waiting_tenants(), *(r.tenant for r in s._in_flight.values() if not r.started)} | s._resumed
+        ),
         "longest": [s.longest_prompt, s.longest_output],
         "policy": s.policy.snapshot(),
         "reserve_lengths": _lengths(s),
@@ -151,9 +154,23 @@ def _nodes_of_unstarted(s: FairScheduler) -> set[str]:
     return {a.name for r in s._in_flight.values() if not r.started for a in s.tenants[r.tenant].ancestors}
 
 
-def _settled_rows(rows: list[list[Any]]) -> dict[str, tuple[int, int, int, float]]:
-    """[id, prompt, output, charged output, weight] rows (older states have no weight: 1)."""
-    return {row[0]: (int(row[1]), int(row[2]), int(row[3]), float(row[4]) if len(row) > 4 else 1.0) for row in rows}
+def _rows(s: FairScheduler) -> list[list[Any]]:
+    return [[rid, p, o, c, w, [list(step) for step in path]] for rid, (p, o, c, w, path) in s._settled.items()]
+
+
+def _settled_rows(rows: list[list[Any]]) -> dict[str, Settled]:
+    """[id, prompt, output, charged output, weight, tree path] rows (older states have no weight: 1;
+    no path: none)."""
+    return {
+        row[0]: (
+            int(row[1]),
+            int(row[2]),
+            int(row[3]),
+            float(row[4]) if len(row) > 4 else 1.0,
+            tuple((str(name), float(w)) for name, w in row[5]) if len(row) > 5 else (),
+        )
+        for row in rows
+    }
 
 
 def _lengths(s: FairScheduler) -> dict[str, Any] | None:

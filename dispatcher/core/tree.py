@@ -271,6 +271,7 @@ class TenantTree:
             "waiting": {n.name: [[m, tie] for m, tie in n.waiting.entries()] for n in every},  # type: ignore[union-attr]
             "ties": {n.name: n.waiting.next_tie for n in every},  # type: ignore[union-attr]
             "last_left": {n.name: n.last_left for n in every if n.last_left is not None},
+            "resumed": sorted(self.resumed),
         }
 
     def restore_nodes(self, rows: list[Mapping[str, Any]]) -> None:
@@ -286,6 +287,7 @@ class TenantTree:
             node.waiting.load([(m, int(tie)) for m, tie in entries], int(data["ties"][name]))  # type: ignore[union-attr]
         for name, left in data.get("last_left", {}).items():
             self.node(name).last_left = left
+        self.resumed = set(data.get("resumed", ()))
 
     def waiting_nodes(self) -> list[str]:
         return [n.name for n in self.nodes.values() if len(n.waiting)]  # type: ignore[arg-type]

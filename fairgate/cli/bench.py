@@ -34,6 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lb.add_argument("--slacks", default="10000,100000,1000000", help="comma-separated Δ of vtc-locality")
     lb.add_argument("--json", default=None, help="also write the figures to this file")
     lb.set_defaults(bench=_locality)
+    tb = targets.add_parser("tree", help="tenant tree and request classes: per-level shares, first-token objective")
+    tb.add_argument("--seconds", type=float, default=1800.0, help="simulated seconds of each run")
+    tb.add_argument("--replicas", type=int, default=4, help="simulated engines")
+    tb.add_argument("--json", default=None, help="also write the figures to this file")
+    tb.set_defaults(bench=_tree)
     vb = targets.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
     vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
     vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
@@ -133,6 +138,25 @@ def _locality(args: argparse.Namespace) -> int:
         f"{'-' if vs_router is None else f'{vs_router:.0%}'} of the affinity router's hit rate "
         "('!' marks a gap over its bound; FCFS states none, the bound shown is VTC's 2U)"
     )
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+def _tree(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_tree import bench_tree, format_tree
+
+    if args.seconds < 60 or args.replicas < 1:
+        raise UsageError("--seconds must be at least 60 and --replicas at least 1")
+    r = bench_tree(args.seconds, args.replicas)
+    print(
+        f"two organisations 1:3, three teams each (weights 1, 2, 3: ten keys, one key, one key mixing interactive "
+        f"3 : batch 1), {args.replicas} simulated A10G engines, {args.seconds:g} simulated s per run"
+    )
+    print(format_tree(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0

@@ -39,11 +39,19 @@ from dispatcher.core import (
     placement_names,
     unit_u,
 )
+from dispatcher.core.classes import RequestClass
 from dispatcher.core.policies import policy_examples
+from dispatcher.core.tree import TreeNode
 from loadgen.simulator import Simulation, SimulationConfig
 from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, run, workload_of
 
 CASES = [(policy, placement) for policy in policy_examples() for placement in placement_names()]
+# the same events with the tenants in a tree (two levels of nodes) and request classes (one strict)
+TREE_CASES = [(policy, placement) for policy, placement in CASES if make_policy(policy).tree]
+TREE = (("g0", None, 1.0), ("g1", None, 2.0), ("g1a", "g1", 0.5))
+PARENTS = {"T0": "g0", "T1": "g0", "T2": "g1a", "T3": "g1"}
+CLASSES = (RequestClass("std", 1.0), RequestClass("batch", 0.5), RequestClass("ops", strict=True))
+CLASS_OF_CONVERSATION = ("", "batch", "ops")
 BOUNDED = [policy for policy in policy_examples() if make_policy(policy).bound(1.0) is not None]
 WEIGHTS = {"T0": 1.0, "T1": 2.0, "T2": 0.5, "T3": 1.0}
 POOLS = {"w0": 300, "w1": 500, "w2": 800}  # KV pools of the workers that come and go
@@ -88,7 +96,8 @@ events = st.lists(
 class Driver:
     """Applies events to a scheduler and keeps its own books of where every request is."""
 
-    def __init__(self, policy: str, placement: str) -> None:
+    def __init__(self, policy: str, placement: str, tree: bool = False) -> None:
+        self.tree = tree
         config = SchedulerConfig(
             policy=policy,
             placement=placement,
@@ -98,18 +107,27 @@ class Driver:
             max_queue_s=60.0,
             reserve="predicted",  # reservations from what each tenant's requests generated
             seed=7,
+            classes=CLASSES if tree else (),
         )
         self.s = FairScheduler(config)
-        for name, weight in WEIGHTS.items():
-            self.s.add_tenant(name, weight)
+        self.key_weights = dict(WEIGHTS)  # what the registry says (a key with classes: its node's)
+        self._build(self.s)
         for wid in ("w0", "w1"):  # two workers from the start; events add, drain and remove them
             self.s.worker_join(wid, POOLS[wid], max_running=4)
         self.now = 0.0
         self.n = 0
         self.where: dict[str, str] = {}  # request id -> queued | running (ended ones leave it)
-        self.weights_seen: dict[str, set[float]] = {name: {w} for name, w in WEIGHTS.items()}
+        self.weights_seen: dict[str, set[float]] = {name: {w} for name, w in WEIGHTS.items()}  # and nodes
         self.arrived: dict[str, float] = {}  # request id -> when its current submission arrived
         self.decisions: list[tuple[str, str]] = []
+
+    def _build(self, s: FairScheduler) -> None:
+        """The tenants (and in tree mode the nodes), as the actor sets them up from its registry."""
+        if self.tree:
+            for name, parent, weight in TREE:
+                s.set_node(name, parent, s.tree.nodes[name].weight if name in s.tree.nodes else weight)
+        for name, weight in self.key_weights.items():
+            s.add_tenant(name, weight, PARENTS[name] if self.tree else None)
 
     def twin(self) -> Driver:
         """A copy whose scheduler comes from a JSON snapshot of this one."""
@@ -131,7 +149,9 @@ class Driver:
         self.n += 1
         policy_before = json.dumps(self.s.policy.snapshot(), sort_keys=True)
         prefix = tuple((tenant * 10 + conversation) * 1000 + i for i in range(prompt // BLOCK))
-        reason = self.s.submit(rid, f"T{tenant}", prompt, max_tokens, self.now, true_output, False, prefix, BLOCK)
+        klass = CLASS_OF_CONVERSATION[conversation] if self.tree and tenant in (0, 2) else ""
+        args = (prompt, max_tokens, self.now, true_output, False, prefix, BLOCK, klass)
+        reason = self.s.submit(rid, f"T{tenant}", *args)
         if reason in (REJECT_TENANT_QUEUE_FULL, REJECT_TOO_LARGE):  # refused before the policy was asked
             assert json.dumps(self.s.policy.snapshot(), sort_keys=True) == policy_before, "a refusal changed the policy"
         if reason is None:
@@ -254,8 +274,10 @@ class Driver:
 
     def _weight(self, tenant: int, weight: float) -> None:
         name = f"T{tenant}"
+        self.key_weights[name] = weight
+        if self.tree and tenant == 3:  # in a tree, reweight a node too
+            self.s.set_node("g1a", None, weight)
         self.s.add_tenant(name, weight)
-        self.weights_seen[name].add(weight)
 
     def _restart(self) -> None:
         """The dispatcher restarts from its durable state: workers re-attach and re-announce what runs,
@@ -268,8 +290,7 @@ class Driver:
         )
         new = FairScheduler(old.config)
         new.restore_durable(state)
-        for t in old.tenants.values():
-            new.add_tenant(t.name, t.weight)
+        self._build(new)
         for slot in old.workers.slots.values():
             new.worker_join(slot.id, slot.kv_tokens, slot.max_running)
             for r in old.in_flight().values():
@@ -332,15 +353,46 @@ class Driver:
             assert slot.in_flight == len(mine)
             assert slot.pending_count == sum(not r.started for r in mine)
         for t in s.tenants.values():
+            self.weights_seen.setdefault(t.name, set()).add(t.weight)
             assert t.queued_tokens == sum(r.prompt_tokens + r.max_tokens for r in t.queue)
             assert s.is_backlogged(t.name) == bool(t.queue)
             assert t.in_flight == sum(r.tenant == t.name for r in running.values())
             assert t.counter >= -1e-6, (t.name, t.counter)
+        if self.tree:
+            self._check_tree()
+            return
         nxt = s.next_in_line()  # the waiting set follows the policy's order: no key went down unseen
         if nxt is not None:
             key = s.policy.key_function(s.tenants)
             assert key(nxt.tenant) == min(key(name) for name in s.waiting_tenants())
             assert nxt is s.policy.next_request(s.tenants[nxt.tenant])
+
+    def _check_tree(self) -> None:
+        """Each node's waiting set holds exactly its children with waiting work; every level of the
+        pick takes the smallest key there (no key went down unseen); node counters stay >= 0."""
+        s, tree = self.s, self.s.tree
+        key = s.policy.key_function(s.tenants)
+
+        def key_of(member) -> float:
+            return member.counter if type(member) is TreeNode else key(member.name)
+
+        for node in [tree.root, tree.strict, *tree.nodes.values()]:
+            live = {name for name, _ in node.waiting.entries()}
+            assert live == {n for n, m in node.kids.items() if any(leaf.queue for leaf in tree.leaves(m))}, node.name
+            if node.name in tree.nodes:
+                self.weights_seen.setdefault(f"node:{node.name}", set()).add(node.weight)
+                assert node.counter >= -1e-6, (node.name, node.counter)
+        node = tree.strict if len(tree.strict.waiting) else tree.root
+        picked = s.next_in_line()
+        while len(node.waiting):
+            smallest = min(key_of(node.kids[n]) for n, _ in node.waiting.entries())
+            top = node.waiting.peek()
+            assert key_of(node.kids[top[1]]) == smallest, node.name
+            member = node.kids[top[1]]
+            if type(member) is not TreeNode:
+                assert picked is not None and picked.tenant == member.name
+                break
+            node = member
 
     def settle(self) -> None:
         """Serve everything that is left on a worker large enough for anything."""
@@ -370,13 +422,42 @@ def test_nothing_lost_nothing_duplicated_books_balance_and_work_is_conserved(pol
     assert d.s.queue_depth() == 0 and not d.s.in_flight()
     for slot in d.s.workers.slots.values():
         assert slot.committed == 0 and slot.pending_count == 0
-    for t in d.s.tenants.values():  # counters are weighted service plus lifts
-        seen = d.weights_seen[t.name]
+    balanced(d)
+
+
+def balanced(d: Driver) -> None:
+    """Counters are weighted service plus lifts, each charge divided by the weight of its time (a
+    tree node's too: its service is its subtree's since it exists)."""
+    members = [*d.s.tenants.values(), *(n for n in d.s.tree.nodes.values())]
+    for t in members:
+        if type(t) is TreeNode:  # a tenant's own node took over the tenant's counter (and its weights)
+            seen = d.weights_seen[f"node:{t.name}"] | (d.weights_seen[t.name] if t.implicit else set())
+        else:
+            seen = d.weights_seen[t.name]
         if len(seen) == 1:
             assert t.counter == pytest.approx(t.service / t.weight + t.lifted, rel=1e-9, abs=1e-6), t.name
-        else:  # each charge was divided by the weight of its time
+        else:
             charged = t.counter - t.lifted
             assert t.service / max(seen) - 1e-6 <= charged <= t.service / min(seen) + 1e-6, (t.name, charged)
+
+
+@pytest.mark.parametrize(("policy", "placement"), TREE_CASES)
+@EVENT_CASES
+@given(events, st.integers(0, 160))
+def test_in_a_tree_with_classes_nothing_is_lost_books_balance_and_snapshots_agree(policy, placement, trace, cut):
+    d = Driver(policy, placement, tree=True)
+    for event in trace[:cut]:
+        d.apply(event)
+    twin = d.twin()
+    d.decisions = []
+    for event in trace[cut:]:
+        d.apply(event)
+        twin.apply(event)
+    assert twin.decisions == d.decisions
+    assert twin.s.snapshot() == d.s.snapshot()
+    d.settle()
+    assert d.s.queue_depth() == 0 and not d.s.in_flight()
+    balanced(d)
 
 
 @pytest.mark.parametrize(("policy", "placement"), CASES)
