@@ -21,6 +21,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
+from dispatcher.core.classes import RequestClass
+from dispatcher.core.tree import TreeError, check_tree
 
 ADMIN = "(admin)"  # where validate reports a generated admin key
 
@@ -46,6 +48,28 @@ class TenantConfig(_Section):
     key_hash: str
     weight: float = 1.0
     cache_group: str = ""  # tenants of one group share cached prefixes ("": the tenant's own, apart)
+    parent: str = ""  # its node in the tenant tree ("": the root)
+    classes: tuple[str, ...] = ()  # request classes it may use (none listed: every class not strict)
+
+
+class NodeConfig(_Section):
+    """A node of the tenant tree (an organisation, a team): tenants and nodes under it share its weight."""
+
+    name: str = Field(min_length=1, max_length=64)
+    parent: str = ""
+    weight: float = Field(1.0, gt=0, le=1e6)
+
+
+class ClassConfig(_Section):
+    """A request class (DESIGN §2b), chosen by the client with OpenAI's ``service_tier`` (``tier``, by
+    default the class's name, e.g. ``flex`` for batch); ``strict``: served before every other class
+    (operators); ``ttft_s``: its first-token objective (within the class, earliest deadline first)."""
+
+    name: str = Field(min_length=1, max_length=32)
+    weight: float = Field(1.0, gt=0, le=1e6)
+    tier: str = ""
+    strict: bool = False
+    ttft_s: float | None = Field(None, gt=0)
 
 
 class LimitsSettings(_Section):
@@ -141,6 +165,8 @@ class GatewayConfig(_Section):
     models: tuple[ModelPool, ...]  # every model, the first one included
     ingress: IngressSettings
     tenants: tuple[TenantConfig, ...]
+    tree: tuple[NodeConfig, ...] = ()
+    classes: tuple[ClassConfig, ...] = ()
     admin_key_hash: str = ""
     state: StateSettings = Field(default_factory=StateSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
@@ -148,7 +174,9 @@ class GatewayConfig(_Section):
     def plain(self) -> dict[str, Any]:
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
         data = self.model_dump()
-        data["tenants"] = list(data["tenants"])
+        data["tenants"] = [{**t, "classes": list(t["classes"])} for t in data["tenants"]]
+        data["tree"] = list(data["tree"])
+        data["classes"] = [{**c, "tier": c["tier"] or c["name"]} for c in data["classes"]]
         data["models"] = [
             {**m, "tenants": None if m["tenants"] is None else list(m["tenants"])} for m in data["models"]
         ]
@@ -178,7 +206,9 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
     try:
-        scheduler = _scheduler(raw)
+        classes = _classes(raw.get("classes"))
+        scheduler = _scheduler(raw, classes)
+        tree = _tree(raw.get("tree"))
         models = _models(raw)
         ingress = validate_section(IngressSettings, raw.get("ingress") or {}, "ingress")
         state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
@@ -187,6 +217,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         raise ConfigError(f"{where}: {exc}") from None
     generated: dict[str, str] = {}
     tenants = _tenants(raw, where, generated)
+    _check_tree(tree, tenants, classes, where)
     admin_key = secret_from_env("FAIRGATE_ADMIN_KEY") or raw.get("admin_api_key")
     if admin_key is None:
         admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)
@@ -206,6 +237,8 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         models=tuple(models),
         ingress=ingress,
         tenants=tuple(tenants),
+        tree=tuple(tree),
+        classes=tuple(classes),
         admin_key_hash=hash_key(admin_key),
         state=state,
         telemetry=telemetry,
@@ -303,7 +336,42 @@ def _telemetry_env(raw: Any) -> Any:
     return raw
 
 
-def _scheduler(raw: dict[str, Any]) -> dict[str, Any]:
+def _classes(raw: Any) -> list[ClassConfig]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError("classes must be a list of {name, weight, tier, strict, ttft_s}")
+    classes = [validate_section(ClassConfig, c, f"classes[{i}]") for i, c in enumerate(raw)]
+    tiers = [c.tier or c.name for c in classes]
+    if len(set(tiers)) != len(tiers):
+        raise ValueError("classes: every class needs its own tier")
+    return classes
+
+
+def _tree(raw: Any) -> list[NodeConfig]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError("tree must be a list of {name, parent, weight}")
+    return [validate_section(NodeConfig, n, f"tree[{i}]") for i, n in enumerate(raw)]
+
+
+def _check_tree(tree: list[NodeConfig], tenants: list[TenantConfig], classes: list[ClassConfig], where: str) -> None:
+    """The tree the configuration makes, built once by the core: one line naming what is wrong."""
+    if len({n.name for n in tree}) != len(tree):
+        raise ConfigError(f"{where}: tree: every node needs its own name")
+    known = {c.name for c in classes}
+    for t in tenants:
+        unknown = sorted(set(t.classes) - known)
+        if unknown:
+            raise ConfigError(f"{where}: tenants[{t.name}].classes: no request class {unknown[0]!r}")
+    try:
+        check_tree({n.name: (n.parent, n.weight) for n in tree}, ((t.name, t.parent, t.weight) for t in tenants))
+    except TreeError as exc:
+        raise ConfigError(f"{where}: tree: {exc}") from None
+
+
+def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any]:
     policy = make_policy(str(raw.get("policy", "vtc"))).spec
     placement = make_placement(str(raw.get("placement", "most-room"))).name
     cost = cost_from_spec(raw.get("cost"))
@@ -324,6 +392,7 @@ def _scheduler(raw: dict[str, Any]) -> dict[str, Any]:
         max_queued_per_tenant=limits.max_queued_per_tenant,
         max_queued=limits.max_queued,
         max_queue_s=limits.max_queue_s,
+        classes=tuple(RequestClass(c.name, c.weight, c.strict, c.ttft_s) for c in classes),
     ).to_dict()
 
 
@@ -343,8 +412,21 @@ def _tenants(raw: dict[str, Any], where: str, generated: dict[str, str]) -> list
         group = t.get("cache_group") or ""
         if not isinstance(group, str) or len(group) > 64:
             raise ConfigError(f"{where}: tenants[{i}].cache_group must be a name of at most 64 characters")
+        parent = t.get("parent") or ""
+        if not isinstance(parent, str):
+            raise ConfigError(f"{where}: tenants[{i}].parent must be a tree node's name")
+        classes = t.get("classes") or []
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ConfigError(f"{where}: tenants[{i}].classes must be a list of request class names")
         tenants.append(
-            TenantConfig(name=str(t["name"]), key_hash=hash_key(key), weight=float(weight), cache_group=group)
+            TenantConfig(
+                name=str(t["name"]),
+                key_hash=hash_key(key),
+                weight=float(weight),
+                cache_group=group,
+                parent=parent,
+                classes=tuple(classes),
+            )
         )
     if not tenants:
         raise ConfigError(f"{where}: at least one tenant is needed")

@@ -22,11 +22,12 @@ import ray
 from common.loopback import bind_host
 from common.prefix_hashes import salted
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
+from dispatcher.core.classes import RequestClass
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected
 from dispatcher.state_store import StateStore, open_store
-from dispatcher.tenant_registry import TenantError, TenantRegistry
+from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "models": [m if isinstance(m, str) else m["name"] for m in models],
         "scheduler": gateway["scheduler"],
         "tenants": gateway["tenants"],
+        "tree": gateway.get("tree") or [],
+        "classes": gateway.get("classes") or [],
         "state": gateway.get("state") or {},
         "telemetry": gateway.get("telemetry") or {},
     }
@@ -60,7 +63,11 @@ class DispatcherActor:
         self._pools = {m: DispatcherService(config, secret.encode()) for m in models}
         self._first = models[0]
         self._service = self._pools[self._first]
-        self._registry = TenantRegistry([])
+        self._classes = [
+            ServiceClass(RequestClass.from_dict(c), str(c.get("tier") or c["name"]))
+            for c in settings.get("classes", [])
+        ]
+        self._registry = TenantRegistry([], [], self._classes)
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
         self._saver: asyncio.Task[None] | None = None
@@ -79,8 +86,8 @@ class DispatcherActor:
     async def _start(self) -> str:
         state = self._settings["state"]
         self._store = await open_store(state, self._app)
-        tenants = await self._store.load_tenants(list(self._settings["tenants"]))
-        self._registry = TenantRegistry(tenants)
+        tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
+        self._registry = TenantRegistry(tenants, nodes, self._classes)
         loop = asyncio.get_running_loop()
         for model, service in self._pools.items():
             scheduler = service.scheduler
@@ -88,8 +95,10 @@ class DispatcherActor:
             if saved is not None:
                 scheduler.restore_durable(saved)
                 log.warning("dispatcher: %s continues from saved counters of %d tenants", model, len(saved["tenants"]))
+            for name, parent, weight in self._registry.tree_order():
+                scheduler.set_node(name, parent, weight)
             for t in tenants:
-                scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)))
+                scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
             await service.start(bind_host(), 0)
             loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
@@ -159,15 +168,21 @@ class DispatcherActor:
         model: str | None = None,
         prefix: list[int] | tuple[int, ...] = (),
         block_tokens: int = 0,
+        tier: str | None = None,
     ) -> dict[str, Any]:
         """Resolves when the request is assigned: where to run it and the signed ticket. ``key_hash``:
         the caller's API key, checked against the registry here, so a key revoked or rotated through
         any ingress replica stops working at once on all of them (their key caches notwithstanding).
         ``prefix``: the prompt's block hashes (of ``block_tokens`` tokens each), salted here by the
-        tenant's cache group."""
+        tenant's cache group. ``tier``: the client's ``service_tier`` (its request class), checked
+        against the classes its key may use; the reply names the tier served."""
         await self._ready()
         if key_hash is not None and self._registry.lookup(key_hash) != tenant:
             return {"rejected": REJECT_UNKNOWN_KEY}
+        try:
+            klass, served_tier = self._registry.class_for(tenant, tier)
+        except TenantError as exc:
+            return {"rejected": "class_not_allowed", "message": str(exc)}
         service = self._pool(model)
         record = self._registry.get(tenant)
         group = (record.cache_group if record is not None else "") or tenant
@@ -181,12 +196,14 @@ class DispatcherActor:
                 retry=retry,
                 prefix=cached,
                 block_tokens=block_tokens,
-                cache_group=group if group != tenant else "",
+                cache_group=group,
+                klass=klass,
             )
         except Rejected as exc:
             return {"rejected": exc.reason}
         return {
             "counter": service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
+            "service_tier": served_tier,
             "worker_id": p.worker_id,
             "address": p.address,
             "ticket": dataclasses.asdict(p.ticket),
@@ -231,12 +248,28 @@ class DispatcherActor:
     async def list_tenants(self) -> list[dict[str, Any]]:
         """Every tenant with its weight, counter, exact service and queue (never a key or its hash)."""
         await self._ready()
-        counters = self._service.scheduler.stats()["tenants"]
+        stats = self._service.scheduler.stats()
+        counters, nodes = stats["tenants"], stats["nodes"]
         records = {name: self._registry.get(name) for name in self._registry.names()}
+        rows = []
+        for name, r in records.items():
+            if r is None:
+                continue
+            row = {**counters.get(name, {"weight": r.weight}), "cache_group": r.cache_group, "classes": r.classes}
+            own = nodes.get(name)
+            if own is not None and own["implicit"]:  # its classes: the key's figures are its node's
+                row |= {k: own[k] for k in ("weight", "counter", "service")}
+                row["class_leaves"] = sorted(n for n, c in counters.items() if c["parent"] == name)
+            rows.append({"name": name, **row, "parent": r.parent})
+        return rows
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """Every tree node with its weight, parent, counter and exact service (of the first pool)."""
+        await self._ready()
+        nodes = self._service.scheduler.stats()["nodes"]
         return [
-            {"name": name, "cache_group": r.cache_group, **counters.get(name, {"weight": r.weight})}
-            for name, r in records.items()
-            if r is not None
+            {"name": n.name, **nodes.get(n.name, {}), "parent": n.parent, "weight": n.weight}
+            for n in self._registry.nodes.values()
         ]
 
     async def change_tenant(
@@ -246,6 +279,8 @@ class DispatcherActor:
         key_hash: str | None = None,
         weight: float | None = None,
         cache_group: str | None = None,
+        parent: str | None = None,
+        classes: list[str] | None = None,
     ):
         """create / update / delete, saved to the store before it counts; returns the tenant's row, or
         {"error": (status, message)}."""
@@ -254,9 +289,10 @@ class DispatcherActor:
         before = self._registry.records()
         try:
             if action == "create":
-                self._registry.create(name, key_hash or "", 1.0 if weight is None else weight, cache_group or "")
+                weight = 1.0 if weight is None else weight
+                self._registry.create(name, key_hash or "", weight, cache_group or "", parent or "", classes)
             elif action == "update":
-                self._registry.update(name, weight=weight, key_hash=key_hash, cache_group=cache_group)
+                self._registry.update(name, weight, key_hash, cache_group, parent, classes)
             elif action == "delete":
                 self._registry.delete(name)  # its counters stay: re-creating the name gains no credit
             else:
@@ -269,14 +305,53 @@ class DispatcherActor:
         except TenantError as exc:
             return {"error": [exc.status, str(exc)]}
         except Exception as exc:  # the store failed: the change does not happen
-            self._registry = TenantRegistry(before)
+            self._registry = TenantRegistry(before, self._registry.node_records(), self._classes)
             log.warning("dispatcher: could not save a tenant change: %s", exc)
             return {"error": [503, "the tenant change could not be saved; retry later"]}
+        for service in self._pools.values():  # the next dispatch uses the new weight and place, in every pool
+            if record is None:  # its counters stay (re-creating the name gains no credit), out of the tree
+                if name in service.scheduler.tenants:
+                    service.scheduler.add_tenant(name, service.scheduler.tenants[name].weight, "")
+            else:
+                service.scheduler.add_tenant(name, record.weight, record.parent)
         if record is None:
             return {"name": name, "deleted": True}
-        for service in self._pools.values():  # the next dispatch uses the new weight, in every pool
-            service.scheduler.add_tenant(name, record.weight)
         return next(row for row in await self.list_tenants() if row["name"] == name)
+
+    async def change_node(self, action: str, name: str, parent: str | None = None, weight: float | None = None):
+        """create / update (move, reweight) / delete a tree node, checked whole and saved to the store
+        before it counts; returns the node's row, or {"error": (status, message)}."""
+        await self._ready()
+        assert self._store is not None
+        before = self._registry.node_records()
+        try:
+            if action == "delete":
+                self._registry.delete_node(name)
+                await self._store.delete_node(name)
+            elif action in ("create", "update"):
+                record = self._registry.set_node(name, parent, weight, creating=action == "create")
+                await self._store.put_node(record.to_dict())
+            else:
+                raise TenantError(400, f"unknown action {action!r}")
+        except TenantError as exc:
+            return {"error": [exc.status, str(exc)]}
+        except Exception as exc:  # the store failed: the change does not happen
+            self._registry = TenantRegistry(self._registry.records(), before, self._classes)
+            log.warning("dispatcher: could not save a node change: %s", exc)
+            return {"error": [503, "the node change could not be saved; retry later"]}
+        for service in self._pools.values():
+            scheduler = service.scheduler
+            if action == "delete":
+                node = scheduler.tree.nodes.get(name)
+                for member in list(node.kids.values()) if node is not None else ():  # leftovers of deleted tenants
+                    scheduler.tree.move(member, "")
+                if node is not None:
+                    scheduler.delete_node(name)
+            else:
+                scheduler.set_node(name, record.parent, record.weight)
+        if action == "delete":
+            return {"name": name, "deleted": True}
+        return next(row for row in await self.list_nodes() if row["name"] == name)
 
     async def shutdown(self) -> None:
         """Save the state one last time and close the store (``fairgate serve`` calls it on exit)."""

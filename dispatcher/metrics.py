@@ -32,6 +32,20 @@ TENANT_SERIES = [
     ("fairgate_tenant_in_flight_requests", "gauge", "Requests running", "in_flight", sum),
     ("fairgate_tenant_weight", "gauge", "Tenant weight", "weight", max),
 ]
+# the same for the tenant tree's nodes (organisations, teams, a key's own node of request classes)
+NODE_SERIES = [
+    ("fairgate_node_service", "counter", "Service delivered to the node's subtree, in cost units", "service", sum),
+    (
+        "fairgate_node_virtual_service",
+        "gauge",
+        "Node counter (subtree weighted service plus lifts)",
+        "counter",
+        max,
+    ),
+    ("fairgate_node_weight", "gauge", "Node weight among its siblings", "weight", max),
+    ("fairgate_node_backlogged", "gauge", "1 while the node's subtree has waiting requests", "waiting", max),
+    ("fairgate_node_fairness_gap", "gauge", "Largest counter gap between the node's backlogged children", "gap", max),
+]
 
 
 class Histogram:

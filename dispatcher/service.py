@@ -118,6 +118,7 @@ class DispatcherService:
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
         cache_group: str = "",
+        klass: str = "",
     ) -> Placement:
         """Queue a request; return once the core assigns it. Cancelling the call withdraws it.
 
@@ -126,14 +127,17 @@ class DispatcherService:
         keeps its place; one still assigned but never started goes back to the head of its queue; one
         this dispatcher does not know is queued afresh. Never two copies of one request. ``prefix``:
         its prompt's block hashes, salted by ``cache_group`` (the ticket names it, so the worker salts
-        the engine's cache the same way; "" : the tenant's own)."""
-        if cache_group:
-            self.cache_groups[tenant] = cache_group
+        the engine's cache the same way; "" : the tenant's own). ``klass``: its request class ("": the
+        default); a class's requests run as their class's leaf and share the tenant's cache."""
+        leaf = self.scheduler.class_leaf(tenant, klass).name if klass else tenant
+        group = cache_group or tenant
+        if group != leaf:
+            self.cache_groups[leaf] = group
         else:
-            self.cache_groups.pop(tenant, None)
+            self.cache_groups.pop(leaf, None)
         future = self._orphans.pop(request_id, None) if retry else None
         if future is None:
-            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry, prefix, block_tokens)
+            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry, prefix, block_tokens, klass)
         try:
             return await future
         except asyncio.CancelledError:
@@ -150,6 +154,7 @@ class DispatcherService:
         retry: bool,
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
+        klass: str = "",
     ) -> asyncio.Future[Placement]:
         s = self.scheduler
         known = s.in_flight().get(request_id)
@@ -170,6 +175,7 @@ class DispatcherService:
                 resumed=retry,
                 prefix=prefix,
                 block_tokens=block_tokens,
+                klass=klass,
             )
             if reason is not None:
                 raise Rejected(reason)
@@ -219,10 +225,20 @@ class DispatcherService:
             dispatched=self.dispatched,
             backlogged=backlogged,
             backlog_tokens=sum(t["queued_tokens"] for t in tenants.values()),
-            gap=backlogged_gap({n: t["counter"] for n, t in tenants.items()}, backlogged),
+            gap=self._gap(tenants, backlogged, data["nodes"]),
             two_u=self.scheduler.fairness_bound(),
         )
         return data
+
+    def _gap(self, tenants: dict[str, Any], backlogged: list[str], nodes: dict[str, Any]) -> float:
+        """The largest counter gap between backlogged tenants (in a tree: between backlogged siblings,
+        at any level; each node's own is in its stats row)."""
+        if not nodes:
+            return backlogged_gap({n: t["counter"] for n, t in tenants.items()}, backlogged)
+        gaps = self.scheduler.sibling_gaps()
+        for name, row in nodes.items():
+            row["gap"] = gaps.get(name, 0.0)
+        return max(gaps.values(), default=0.0)
 
     def stats(self) -> dict[str, Any]:
         data = self.scheduler.stats()

@@ -17,13 +17,19 @@ log = logging.getLogger(__name__)
 
 
 class StateStore(Protocol):
-    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The tenants to start with (``seed``, the configuration's, when the store has none yet)."""
+    async def load_tenants(
+        self, seed: list[dict[str, Any]], seed_nodes: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The tenants and tree nodes to start with (the configuration's, when the store has none yet)."""
         ...
 
     async def put_tenant(self, record: dict[str, Any]) -> None: ...
 
     async def delete_tenant(self, name: str) -> None: ...
+
+    async def put_node(self, record: dict[str, Any]) -> None: ...
+
+    async def delete_node(self, name: str) -> None: ...
 
     async def load_state(self, pool: str = "") -> dict[str, Any] | None: ...
 
@@ -35,13 +41,21 @@ class StateStore(Protocol):
 class MemoryStore:
     """No durability: tenants come from the configuration at every start, counters start at zero."""
 
-    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return list(seed)
+    async def load_tenants(
+        self, seed: list[dict[str, Any]], seed_nodes: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return list(seed), list(seed_nodes)
 
     async def put_tenant(self, record: dict[str, Any]) -> None:
         return None
 
     async def delete_tenant(self, name: str) -> None:
+        return None
+
+    async def put_node(self, record: dict[str, Any]) -> None:
+        return None
+
+    async def delete_node(self, name: str) -> None:
         return None
 
     async def load_state(self, pool: str = "") -> dict[str, Any] | None:
@@ -55,14 +69,15 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Keys under ``prefix``: ``:tenants`` (hash name -> JSON record), ``:seeded``, ``:state`` (the first
-    model pool's scheduler) and ``:state:<model>`` (each other pool's)."""
+    """Keys under ``prefix``: ``:tenants`` and ``:nodes`` (hashes name -> JSON record), ``:seeded``,
+    ``:state`` (the first model pool's scheduler) and ``:state:<model>`` (each other pool's)."""
 
     def __init__(self, url: str, prefix: str) -> None:
         import redis.asyncio as aioredis
 
         self._redis = aioredis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         self._tenants = f"{prefix}:tenants"
+        self._nodes = f"{prefix}:nodes"
         self._seeded = f"{prefix}:seeded"
         self._state = f"{prefix}:state"
 
@@ -82,19 +97,30 @@ class RedisStore:
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
-    async def load_tenants(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def load_tenants(
+        self, seed: list[dict[str, Any]], seed_nodes: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if await self._redis.set(self._seeded, "1", nx=True):
             if seed:
                 await self._redis.hset(self._tenants, mapping={t["name"]: json.dumps(t) for t in seed})
-            return list(seed)
+            if seed_nodes:
+                await self._redis.hset(self._nodes, mapping={n["name"]: json.dumps(n) for n in seed_nodes})
+            return list(seed), list(seed_nodes)
         rows = await self._redis.hgetall(self._tenants)
-        return [json.loads(v) for v in rows.values()]
+        nodes = await self._redis.hgetall(self._nodes)
+        return [json.loads(v) for v in rows.values()], [json.loads(v) for v in nodes.values()]
 
     async def put_tenant(self, record: dict[str, Any]) -> None:
         await self._redis.hset(self._tenants, record["name"], json.dumps(record))
 
     async def delete_tenant(self, name: str) -> None:
         await self._redis.hdel(self._tenants, name)
+
+    async def put_node(self, record: dict[str, Any]) -> None:
+        await self._redis.hset(self._nodes, record["name"], json.dumps(record))
+
+    async def delete_node(self, name: str) -> None:
+        await self._redis.hdel(self._nodes, name)
 
     async def load_state(self, pool: str = "") -> dict[str, Any] | None:
         """The saved scheduler state of one model pool ("": the first model's)."""

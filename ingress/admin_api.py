@@ -1,27 +1,34 @@
-"""The admin API's request bodies: creating and changing tenants (admin key only)."""
+"""The admin API's request bodies: creating and changing tenants and tenant tree nodes (admin key only)."""
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from ingress.openai_api import ApiError
 
 
-def tenant_change(body: Any, creating: bool) -> tuple[str | None, float | None, str | None, str | None]:
-    """Validate a create/update body: returns (name, weight, new API key or None, cache group or None)."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object", code="invalid_request")
-    allowed = {"name", "weight", "api_key", "cache_group"} if creating else {"weight", "api_key", "cache_group"}
-    unknown = set(body) - allowed
-    if unknown:
-        raise ApiError(400, f"unknown field '{sorted(unknown)[0]}'", param=sorted(unknown)[0], code="invalid_request")
-    name = body.get("name")
-    if creating and not isinstance(name, str):
-        raise ApiError(400, "missing required field 'name'", param="name", code="invalid_request")
-    weight = body.get("weight")
-    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)):
-        raise ApiError(400, "invalid 'weight': a positive number is needed", param="weight", code="invalid_request")
+@dataclass(frozen=True)
+class TenantChange:
+    """A validated create/update body (None: not given, keep)."""
+
+    name: str | None
+    weight: float | None
+    api_key: str | None
+    cache_group: str | None
+    parent: str | None
+    classes: list[str] | None
+
+
+TENANT_FIELDS = {"weight", "api_key", "cache_group", "parent", "classes"}
+NODE_FIELDS = {"parent", "weight"}
+
+
+def tenant_change(body: Any, creating: bool) -> TenantChange:
+    """Validate a tenant create/update body (a new API key is made for a create without one)."""
+    _fields(body, TENANT_FIELDS | ({"name"} if creating else set()))
+    name = _name(body, creating)
     key = body.get("api_key")
     if key is not None and (not isinstance(key, str) or len(key) < 16):
         raise ApiError(400, "invalid 'api_key': at least 16 characters", param="api_key", code="invalid_request")
@@ -32,4 +39,44 @@ def tenant_change(body: Any, creating: bool) -> tuple[str | None, float | None, 
         raise ApiError(
             400, "invalid 'cache_group': a name of at most 64 characters", param="cache_group", code="invalid_request"
         )
-    return name, None if weight is None else float(weight), key, group
+    classes = body.get("classes")
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        raise ApiError(400, "invalid 'classes': a list of request class names", param="classes", code="invalid_request")
+    return TenantChange(name, _weight(body), key, group, _parent(body), classes)
+
+
+def node_change(body: Any, creating: bool) -> tuple[str | None, str | None, float | None]:
+    """Validate a tree node create/update body: (name, parent, weight)."""
+    _fields(body, NODE_FIELDS | ({"name"} if creating else set()))
+    return _name(body, creating), _parent(body), _weight(body)
+
+
+def _fields(body: Any, allowed: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_request")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(400, f"unknown field '{unknown[0]}'", param=unknown[0], code="invalid_request")
+
+
+def _name(body: dict[str, Any], creating: bool) -> str | None:
+    name = body.get("name")
+    if creating and not isinstance(name, str):
+        raise ApiError(400, "missing required field 'name'", param="name", code="invalid_request")
+    return name
+
+
+def _weight(body: dict[str, Any]) -> float | None:
+    weight = body.get("weight")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float)):
+        raise ApiError(400, "invalid 'weight': a positive number is needed", param="weight", code="invalid_request")
+    return None if weight is None else float(weight)
+
+
+def _parent(body: dict[str, Any]) -> str | None:
+    parent = body.get("parent")
+    if parent is not None and not isinstance(parent, str):
+        raise ApiError(
+            400, "invalid 'parent': a tree node's name ('' for the root)", param="parent", code="invalid_request"
+        )
+    return parent

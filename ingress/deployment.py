@@ -27,13 +27,14 @@ from common.rpc import fairgate_pb2 as pb
 from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
-from ingress.admin_api import tenant_change
+from ingress.admin_api import TenantChange, node_change, tenant_change
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
 from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_json
 from ingress.pools import ModelPools
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
+from ingress.service_tier import echo_tier
 
 app = FastAPI(title="fairgate", version="0.1.0")
 
@@ -61,6 +62,13 @@ class RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def _raise_error(result: dict[str, Any]) -> None:
+    """An admin change the dispatcher refused, as the client's error."""
+    if "error" in result:
+        status, message = result["error"]
+        raise ApiError(status, message, code={404: "not_found", 409: "conflict"}.get(status, "invalid_request"))
 
 
 def _sse_error(error: ApiError) -> bytes:
@@ -98,6 +106,7 @@ class Ingress:
         self._channels = WorkerChannels()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
+        self._classes = bool(gateway.get("classes"))  # responses then name the tier they were served in
         self._snapshot: tuple[float, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ routes
@@ -168,35 +177,61 @@ class Ingress:
     @app.post("/admin/tenants", status_code=201)
     async def admin_create(self, request: Request) -> dict[str, Any]:
         await self._admin(request)
-        name, weight, key, group = tenant_change(await self._json_body(request), creating=True)
-        row = await self._change("create", name or "", key, weight, group)
-        return {**row, "api_key": key}  # shown once: only its hash is kept
+        change = tenant_change(await self._json_body(request), creating=True)
+        row = await self._change("create", change.name or "", change)
+        return {**row, "api_key": change.api_key}  # shown once: only its hash is kept
 
     @app.patch("/admin/tenants/{name}")
     async def admin_update(self, name: str, request: Request) -> dict[str, Any]:
         await self._admin(request)
-        _, weight, key, group = tenant_change(await self._json_body(request), creating=False)
-        return await self._change("update", name, key, weight, group)
+        return await self._change("update", name, tenant_change(await self._json_body(request), creating=False))
 
     @app.delete("/admin/tenants/{name}")
     async def admin_delete(self, name: str, request: Request) -> dict[str, Any]:
         await self._admin(request)
-        return await self._change("delete", name, None, None)
+        return await self._change("delete", name, None)
+
+    @app.get("/admin/nodes")
+    async def admin_nodes(self, request: Request) -> dict[str, Any]:
+        """The tenant tree's nodes (organisations, teams) with their weights and counters."""
+        await self._admin(request)
+        return {"object": "list", "data": await self._dispatcher.list_nodes.remote()}
+
+    @app.post("/admin/nodes", status_code=201)
+    async def admin_create_node(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        name, parent, weight = node_change(await self._json_body(request), creating=True)
+        return await self._change_node("create", name or "", parent or "", weight)
+
+    @app.patch("/admin/nodes/{name}")
+    async def admin_update_node(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        _, parent, weight = node_change(await self._json_body(request), creating=False)
+        return await self._change_node("update", name, parent, weight)
+
+    @app.delete("/admin/nodes/{name}")
+    async def admin_delete_node(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return await self._change_node("delete", name, None, None)
 
     @app.get("/admin/stats")
     async def admin_stats(self, request: Request) -> dict[str, Any]:
         await self._admin(request)
         return await self._dispatcher.stats.remote()
 
-    async def _change(
-        self, action: str, name: str, key: str | None, weight: float | None, cache_group: str | None = None
-    ) -> dict[str, Any]:
-        key_hash = None if key is None else hash_key(key)
-        result = await self._dispatcher.change_tenant.remote(action, name, key_hash, weight, cache_group)
-        if "error" in result:
-            status, message = result["error"]
-            raise ApiError(status, message, code={404: "not_found", 409: "conflict"}.get(status, "invalid_request"))
+    async def _change(self, action: str, name: str, change: TenantChange | None) -> dict[str, Any]:
+        c = change or TenantChange(None, None, None, None, None, None)
+        key_hash = None if c.api_key is None else hash_key(c.api_key)
+        result = await self._dispatcher.change_tenant.remote(
+            action, name, key_hash, c.weight, c.cache_group, c.parent, c.classes
+        )
+        _raise_error(result)
         self._keys.forget_tenant(name)
+        return result
+
+    async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:
+        result = await self._dispatcher.change_node.remote(action, name, parent, weight)
+        _raise_error(result)
         return result
 
     # ------------------------------------------------------------------ one request
@@ -241,6 +276,7 @@ class Ingress:
                     admitted.max_tokens,
                     admitted.prefix,
                     admitted.block_tokens,
+                    tier=req.service_tier,
                 )
                 trace.dispatched(queue, placement)
         except BaseException as exc:
@@ -259,11 +295,12 @@ class Ingress:
             await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
             trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, type(exc).__name__)
             raise
+        tier = placement.get("service_tier", "") if self._classes and outcome.status < 400 else ""
         if outcome.content_type.startswith("text/event-stream"):
-            events = self._relay(pool.name, rid, first, data, outcome, trace)
+            events = self._relay(pool.name, rid, first, data, outcome, trace, tier)
             return RelayResponse(events, status_code=outcome.status, media_type=outcome.content_type)
         try:
-            content = first + b"".join([piece async for piece in data])
+            content = echo_tier(first + b"".join([piece async for piece in data]), tier, stream=False)
         except WorkerLost as exc:
             error = "worker_failed"
             raise ApiError(502, str(exc), type_="server_error", code="worker_failed") from None
@@ -276,16 +313,28 @@ class Ingress:
         return Response(content, status_code=outcome.status, media_type=outcome.content_type or "application/json")
 
     async def _relay(
-        self, model: str, rid: str, first: bytes, data: AsyncIterator[bytes], outcome: Outcome, trace: RequestTrace
+        self,
+        model: str,
+        rid: str,
+        first: bytes,
+        data: AsyncIterator[bytes],
+        outcome: Outcome,
+        trace: RequestTrace,
+        tier: str = "",
     ) -> AsyncIterator[bytes]:
-        """A stream's bytes to the client as they come; a failure after the first byte becomes a final
-        error event. However it ends (the client leaving included), the worker is stopped and the
-        trace finished."""
+        """A stream's bytes to the client as they come (each event naming ``tier`` when set); a
+        failure after the first byte becomes a final error event. However it ends (the client
+        leaving included), the worker is stopped and the trace finished."""
         error = ""
         try:
-            yield first
-            async for piece in data:
-                yield piece
+            if not tier:
+                yield first
+                async for piece in data:
+                    yield piece
+            else:
+                yield echo_tier(first, tier, stream=True)
+                async for piece in data:
+                    yield echo_tier(piece, tier, stream=True)
         except WorkerLost as exc:
             error = "worker_failed"
             yield _sse_error(ApiError(502, str(exc), type_="server_error", code="worker_failed"))
@@ -308,16 +357,17 @@ class Ingress:
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
         retry: bool = False,
+        tier: str | None = None,
     ) -> dict[str, Any]:
         """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
         restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
-        key again."""
+        key again, and the request class (``tier``) the key may use."""
         args = (rid, tenant, prompt_tokens, max_tokens)
-        cache = (prefix, block_tokens)
-        placement = await self._ask_dispatcher(
-            "submit", (*args, retry, key_hash, model, *cache), again=(*args, True, key_hash, model, *cache)
-        )
+        rest = (key_hash, model, prefix, block_tokens, tier)
+        placement = await self._ask_dispatcher("submit", (*args, retry, *rest), again=(*args, True, *rest))
         if "rejected" in placement:
+            if placement["rejected"] == "class_not_allowed":
+                raise ApiError(400, placement["message"], param="service_tier", code="invalid_service_tier")
             raise rejection_error(placement["rejected"])
         return placement
 
@@ -373,8 +423,9 @@ class Ingress:
                 finally:
                     await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
                 await asyncio.sleep(0.05 * 2**attempt)
+                served = placement.get("service_tier") or None  # the same class as before
                 placement = await self._submit(
-                    model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True
+                    model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True, tier=served
                 )
         finally:
             self._release_unstarted(model, rid, outcome)

@@ -24,6 +24,7 @@ class _Admission(BaseModel):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    service_tier: str | None = Field(default=None, max_length=32)  # its request class (OpenAI's field)
 
     def choices(self) -> int:
         return max(self.n, self.best_of or 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.metrics import OTHER, TENANT_SERIES
+from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -33,6 +33,13 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
     for name, kind, doc, key, combine in TENANT_SERIES:
         family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
         per_tenant(family(name, doc, labels=["tenant"]), key, combine)
+    nodes: dict[str, dict[str, Any]] = snapshot.get("nodes") or {}
+    shown = sorted(nodes, key=lambda n: -nodes[n]["service"])[:top_n]  # capped like tenants; none anonymous
+    for name, kind, doc, key, _ in NODE_SERIES if shown else ():
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["node", "parent"])
+        for node in shown:
+            family.add_metric([node, nodes[node]["parent"]], float(nodes[node].get(key, 0.0)))
+        families.append(family)
     scalars = [
         ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
         ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),

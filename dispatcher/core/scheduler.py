@@ -34,7 +34,7 @@ from dispatcher.core.reasons import (
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
 )
-from dispatcher.core.tree import ROOT, STRICT, TenantTree, TreeError, TreeNode
+from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TenantTree, TreeError, TreeNode
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 RESERVES = ("full", "predicted")
@@ -499,7 +499,7 @@ class FairScheduler:
             return False
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
-        t = self.tenants.get(tenant) or self.add_tenant(tenant)
+        t = self.tenants.get(tenant) or self._leaf_named(tenant)
         before_p, before_out, before_charged, weight, path = self._settled.pop(request_id, (0, 0, 0, t.weight, None))
         if path is None:  # charged afresh: to the nodes above it now
             path = tuple((node.name, node.weight) for node in t.ancestors)
@@ -595,6 +595,19 @@ class FairScheduler:
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
         return not self.tree.any_waiting() and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
+
+    def sibling_gaps(self) -> dict[str, float]:
+        """Per tree node ("": the root), the largest counter gap between its backlogged children:
+        siblings are what the bound compares (counters of different parents are not comparable)."""
+        tree = self.tree
+        gaps: dict[str, float] = {}
+        for node in (tree.root, *tree.nodes.values()):
+            entries = node.waiting.entries()  # type: ignore[union-attr]
+            if len(entries) < 2:
+                continue
+            counters = [node.kids[name].counter for name, _ in entries]
+            gaps[node.name] = max(counters) - min(counters)
+        return gaps
 
     def fairness_bound(self) -> float:
         """2U for the requests seen so far on the workers taking work now (the live page's bound)."""
@@ -704,6 +717,13 @@ class FairScheduler:
             if req.tenant == t.name:
                 req.path = ((own.name, req.weight), *req.path)
         return own
+
+    def _leaf_named(self, name: str) -> Tenant:
+        """The leaf of that name, made as a tenant's class leaf when it names one (``tenant~class``)."""
+        tenant, sep, klass = name.partition(CLASS_SEP)
+        if sep and klass in self.classes:
+            return self.class_leaf(tenant, klass)
+        return self.add_tenant(name)
 
     def _class_node(self, t: Tenant) -> TreeNode | None:
         node = self.tree.nodes.get(t.parent) if t.parent == t.name else None

@@ -21,7 +21,7 @@ Pure: no I/O; the scheduler keeps the leaves' queues and asks this module where 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,3 +359,43 @@ class TenantTree:
         if top is not None:
             return node.kids[top[1]]
         return None if node.last_left is None else node.kids.get(node.last_left)
+
+
+def parents_first(nodes: Mapping[str, tuple[str, float]]) -> list[tuple[str, str, float]]:
+    """Nodes (name -> (parent, weight)) ordered so that every parent comes before its children, as
+    they can be created; raises TreeError naming an unknown parent or a cycle."""
+    ordered: list[tuple[str, str, float]] = []
+    placed: set[str] = {ROOT}
+    for name in nodes:
+        chain: list[str] = []
+        at = name
+        while at not in placed:
+            if at in chain:
+                raise TreeError(f"node {at!r} is its own ancestor (a cycle)")
+            if at not in nodes:
+                raise TreeError(f"node {chain[-1]!r}: no tree node {at!r} to be its parent")
+            chain.append(at)
+            at = nodes[at][0]
+        for member in reversed(chain):
+            ordered.append((member, *nodes[member]))
+            placed.add(member)
+    return ordered
+
+
+def check_tree(nodes: Mapping[str, tuple[str, float]], tenants: Iterable[tuple[str, str, float]]) -> None:
+    """Build the tree these nodes (name -> (parent, weight)) and tenants ((name, parent, weight)) make,
+    once, apart: raises TreeError naming the first problem (a cycle, an unknown parent, a weight <= 0,
+    a name used twice). The registry and the configuration check every change with it."""
+    known: dict[str, Tenant] = {}
+    scratch = TenantTree(known, lambda name: 0.0, lambda member, floor: None)
+    for name, parent, weight in parents_first(nodes):
+        scratch.set_node(name, parent or None, weight)
+    for name, parent, weight in tenants:
+        if name in scratch.nodes:
+            raise TreeError(f"{name!r} is a tree node; a tenant needs a name of its own")
+        if not weight > 0:
+            raise TreeError(f"tenant {name!r}: weight must be positive, got {weight}")
+        if parent and parent not in scratch.nodes:
+            raise TreeError(f"tenant {name!r}: no tree node {parent!r}")
+        known[name] = Tenant(name, weight)
+        scratch.attach(known[name], parent or ROOT)

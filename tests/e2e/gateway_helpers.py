@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from common.config import GatewayConfig
@@ -66,10 +69,15 @@ def deploy(
     models: list[dict[str, Any]] | None = None,
     placement: str = "most-room",
     cache_groups: dict[str, str] | None = None,
+    tree: list[dict[str, Any]] | None = None,
+    classes: list[dict[str, Any]] | None = None,
+    tenant_fields: dict[str, dict[str, Any]] | None = None,
 ) -> Gateway:
     """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given.
     ``models``: several pools instead, each ``{name, tenants, workers}`` whose workers update the
-    simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares."""
+    simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares.
+    ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
+    its configuration (``parent``, ``classes``)."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -101,9 +109,16 @@ def deploy(
             "max_model_len": max_model_len,
             "default_max_tokens": 16,
         },
-        "tenants": [{"name": t, "api_key": k, "cache_group": (cache_groups or {}).get(t)} for t, k in keys.items()],
+        "tenants": [
+            {"name": t, "api_key": k, "cache_group": (cache_groups or {}).get(t), **(tenant_fields or {}).get(t, {})}
+            for t, k in keys.items()
+        ],
         "admin_api_key": admin_key,
     }
+    if tree is not None:
+        raw["tree"] = tree
+    if classes is not None:
+        raw["classes"] = classes
     if models is not None:
         base = raw.pop("workers")
         del raw["model"]
@@ -175,3 +190,19 @@ async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: 
         assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
     return got, ttfts, results
+
+
+def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
+    """The samples of one scrape of ``/metrics``, which must pass Prometheus's own ``promtool check
+    metrics`` without a warning."""
+    headers = {"Authorization": f"Bearer {gw.admin_key}"} if admin else {}
+    text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", headers=headers, timeout=30).text
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[
+                (sample.name, sample.labels.get("tenant", sample.labels.get("worker", sample.labels.get("node", ""))))
+            ] = sample.value
+    return out

@@ -10,13 +10,11 @@ import shutil
 import subprocess
 import time
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from tests.conftest import REPO
-from tests.e2e.gateway_helpers import Gateway, clients, closed_loop, deploy
+from tests.e2e.gateway_helpers import Gateway, clients, closed_loop, deploy, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -89,20 +87,6 @@ def test_one_request_is_one_trace_from_the_ingress_into_the_worker(gw):
     assert queue["fairgate.counter"] > 0 and queue["fairgate.worker"].startswith("worker-")
     worker = by_name["fairgate.worker.generate"]["attributes"]
     assert worker["fairgate.request_id"] == rid and worker["fairgate.completion_tokens"] == 6
-
-
-def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
-    """The samples of one scrape of ``/metrics``, which must pass Prometheus's own ``promtool check
-    metrics`` without a warning."""
-    headers = {"Authorization": f"Bearer {gw.admin_key}"} if admin else {}
-    text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", headers=headers, timeout=30).text
-    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False)
-    assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), lint.stdout + lint.stderr
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, sample.labels.get("tenant", sample.labels.get("worker", "")))] = sample.value
-    return out
 
 
 def test_metrics_during_an_overload_match_the_dispatchers_exact_figures(gw):

@@ -13,6 +13,7 @@ from dispatcher.state_store import MemoryStore, RedisStore, open_store
 from gateway.config import parse_config
 
 SEED = [{"name": "alice", "key_hash": "h-a", "weight": 1.0}, {"name": "bob", "key_hash": "h-b", "weight": 2.0}]
+NODES = [{"name": "org", "parent": "", "weight": 2.0}, {"name": "org-b", "parent": "", "weight": 1.0}]
 
 
 def run(coro):
@@ -24,17 +25,21 @@ def test_yaml_tenants_seed_an_empty_redis_once_then_redis_wins(redis_url):
 
     async def scenario():
         first = await open_store({"redis_url": redis_url}, app)
-        assert await first.load_tenants(SEED) == SEED
+        assert await first.load_tenants(SEED, NODES) == (SEED, NODES)
         await first.put_tenant({"name": "carol", "key_hash": "h-c", "weight": 3.0})
         await first.delete_tenant("alice")
+        await first.put_node({"name": "team", "parent": "org", "weight": 5.0})
+        await first.delete_node("org-b")
         await first.close()
         again = await open_store({"redis_url": redis_url}, app)
         changed_yaml = [{"name": "alice", "key_hash": "h-a", "weight": 9.0}]
-        got = sorted(await again.load_tenants(changed_yaml), key=lambda t: t["name"])
+        tenants, nodes = await again.load_tenants(changed_yaml, [{"name": "other"}])
         await again.close()
-        return got
+        return sorted(tenants, key=lambda t: t["name"]), sorted(nodes, key=lambda n: n["name"])
 
-    assert run(scenario()) == [SEED[1], {"name": "carol", "key_hash": "h-c", "weight": 3.0}]
+    tenants, nodes = run(scenario())
+    assert tenants == [SEED[1], {"name": "carol", "key_hash": "h-c", "weight": 3.0}]
+    assert nodes == [NODES[0], {"name": "team", "parent": "org", "weight": 5.0}]
 
 
 def test_durable_state_round_trips_through_redis(redis_url):
@@ -61,7 +66,7 @@ def test_durable_state_round_trips_through_redis(redis_url):
 def test_memory_store_is_the_default_and_keeps_nothing():
     store = run(open_store({}, "x"))
     assert isinstance(store, MemoryStore)
-    assert run(store.load_tenants(SEED)) == SEED and run(store.load_state()) is None
+    assert run(store.load_tenants(SEED, NODES)) == (SEED, NODES) and run(store.load_state()) is None
 
 
 def test_unreachable_redis_fails_with_a_clear_error():
