@@ -130,18 +130,27 @@ def summarize(
     kv_tokens: int,
     duration_s: float,
     bound: float,
+    siblings: list[Siblings] | None = None,
 ) -> RunSummary:
+    """The run's report and plot series. ``siblings``: the tenant tree's nodes, each with its children
+    (the leaves under each, their weights): the bound is then checked per sibling pair at every level
+    (leaves of different parents are not compared); None: every pair of tenants, as in a flat tree."""
     times = np.asarray(rec.sample_times, dtype=float)
     service = np.asarray(rec.sample_service, dtype=float).reshape(len(times), len(rec.tenants))
     backlog = np.asarray(rec.sample_backlog, dtype=bool).reshape(len(times), len(rec.tenants))
     weights = np.asarray(rec.weights, dtype=float)
     pair_diff, worst_pair = _max_backlogged_diffs(service, backlog)
     held = all(d <= bound / min(weights[f], weights[g]) + 1e-6 for (f, g), d in pair_diff.items())
+    levels = None if siblings is None else _sibling_bounds(service * weights, backlog, siblings, bound)
+    if levels is not None:
+        held = all(row["held"] for row in levels.values())
     max_diff = max(pair_diff.values(), default=0.0)
     raw_service = service[-1] * weights if len(times) else np.zeros(len(rec.tenants))
     demand = _demand(rec, duration_s)
     capacity = float(raw_service.sum())
     owed, level = _max_min_fair(demand, weights, capacity)
+    if siblings is not None:  # a tree: what each leaf is owed comes down the tree, level by level
+        owed = _tree_owed(siblings, demand, capacity, rec.tenants)
     under_share = [bool(0 < d < level * w) for d, w in zip(demand, weights, strict=True)]
     ttft, e2e, unstarted = _latencies(rec, duration_s)
     tenants_report: dict[str, Any] = {}
@@ -191,6 +200,8 @@ def summarize(
         "rejected_while_idle": sum(1 for _, _, idle in rec.rejections if idle),
         "tenants": tenants_report,
     }
+    if levels is not None:
+        report["siblings"] = levels
     done = [r for r in rec.requests.values() if r.finish_s is not None]
     series = {
         "tenants": rec.tenants,
@@ -217,6 +228,39 @@ def summarize(
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """One tree node's children: each child's name, weight and the recorder's indices of its leaves."""
+
+    node: str
+    names: list[str]
+    weights: list[float]
+    leaves: list[list[int]]
+
+
+def _sibling_bounds(raw: np.ndarray, backlog: np.ndarray, siblings: list[Siblings], bound: float) -> dict[str, Any]:
+    """Per node: the largest weighted service gap between two of its children over an interval in
+    which both stayed backlogged (a child is backlogged while any leaf under it is), against the
+    bound / the smaller weight."""
+    out: dict[str, Any] = {}
+    for group in siblings:
+        if len(group.names) < 2:
+            continue
+        child_service = np.stack(
+            [raw[:, leaves].sum(axis=1) / w for leaves, w in zip(group.leaves, group.weights, strict=True)], axis=1
+        )
+        child_backlog = np.stack([backlog[:, leaves].any(axis=1) for leaves in group.leaves], axis=1)
+        diffs, _ = _max_backlogged_diffs(child_service, child_backlog)
+        ratios = {p: d * min(group.weights[p[0]], group.weights[p[1]]) / bound for p, d in diffs.items()}
+        top = max(ratios, key=ratios.get, default=None)  # type: ignore[arg-type]
+        out[group.node or "root"] = {
+            "max_gap_over_bound": ratios[top] if top else 0.0,
+            "pair": [group.names[top[0]], group.names[top[1]]] if top else None,
+            "held": all(r <= 1.0 + 1e-9 for r in ratios.values()),
+        }
+    return out
 
 
 def _max_backlogged_diffs(service: np.ndarray, backlog: np.ndarray) -> tuple[dict[tuple[int, int], float], Any]:
@@ -305,6 +349,26 @@ def _demand(rec: ServiceRecorder, duration_s: float) -> np.ndarray:
         if r.arrival_s <= duration_s:
             demand[r.tenant] += rec.cost.total(r.prompt_tokens, r.output_target)
     return demand
+
+
+def _tree_owed(siblings: list[Siblings], demand: np.ndarray, capacity: float, names: list[str]) -> np.ndarray:
+    """Each leaf's weighted max-min fair share given demand in a tree: the root's capacity water-filled
+    among its children by their subtrees' demand, each child's share among its own, and so on."""
+    groups = {g.node: g for g in siblings}
+    owed = np.zeros(len(demand))
+
+    def fill(group: Siblings, allocation: float) -> None:
+        asked = [float(demand[leaves].sum()) for leaves in group.leaves]
+        shares, _ = max_min_shares(asked, group.weights, allocation)
+        for name, leaves, share in zip(group.names, group.leaves, shares, strict=True):
+            inner = groups.get(name)
+            if inner is not None and not (len(leaves) == 1 and names[leaves[0]] == name):
+                fill(inner, share)
+            elif leaves:
+                owed[leaves[0]] += share
+
+    fill(groups[""], capacity)
+    return owed
 
 
 def _max_min_fair(demand: np.ndarray, weights: np.ndarray, capacity: float) -> tuple[np.ndarray, float]:

@@ -7,14 +7,16 @@ The clock jumps from event to event (an arrival or the end of some engine's step
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from dispatcher.core import FairScheduler, SchedulerConfig, unit_u
+from dispatcher.core import FairScheduler, SchedulerConfig, make_policy, unit_u
+from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
-from loadgen.metrics import RunSummary, ServiceRecorder, summarize
+from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from loadgen.workloads import Workload
 from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
@@ -50,12 +52,13 @@ def make_scheduler(workload: Workload, config: SimulationConfig) -> FairSchedule
     """The scheduler with the run's policy, cost and knobs (the fields both configurations share)."""
     shared = {f.name for f in fields(SchedulerConfig)} & {f.name for f in fields(SimulationConfig)}
     settings = {name: getattr(config, name) for name in shared}
-    sched = FairScheduler(SchedulerConfig(**settings, classes=workload.classes))
-    for node, parent, weight in workload.tree:
+    tree = make_policy(config.policy).tree  # a policy that does not order by counters sees every leaf flat
+    sched = FairScheduler(SchedulerConfig(**settings, classes=workload.classes if tree else ()))
+    for node, parent, weight in workload.tree if tree else ():
         sched.set_node(node, parent or None, weight)
     for name in workload.tenants:
-        if name in workload.weights or "~" not in name:
-            sched.add_tenant(name, workload.weight(name), workload.parents.get(name) or None)
+        if name in workload.weights or "~" not in name or not tree:
+            sched.add_tenant(name, workload.weight(name), (workload.parents.get(name) or None) if tree else None)
     return sched
 
 
@@ -145,7 +148,26 @@ class Simulation:
             kv_tokens=self.kv_tokens,
             duration_s=duration,
             bound=bound,
+            siblings=self._siblings(),
         )
+
+    def _siblings(self) -> list[Siblings] | None:
+        """The workload's tree as the report checks it (None: flat, every pair compared), as a policy
+        that orders by counters builds it (for one that does not, too: its shares are judged alike)."""
+        if not self.workload.tree and not self.workload.classes:
+            return None
+        shape = make_scheduler(self.workload, dataclasses.replace(self.config, policy="vtc"))
+        for leaf in self.recorder.tenants:
+            tenant, _, klass = leaf.partition("~")
+            shape.class_leaf(tenant, klass)
+        tree = shape.tree
+        index = self.recorder.index
+        groups = []
+        for node in (tree.root, *tree.nodes.values()):
+            kids = list(node.kids.values())
+            leaves = [[index[leaf.name] for leaf in tree.leaves(kid) if leaf.name in index] for kid in kids]
+            groups.append(Siblings(node.name, [k.name for k in kids], [k.weight for k in kids], leaves))
+        return groups
 
     # ----------------------------------------------------------------- steps
 
@@ -175,21 +197,24 @@ class Simulation:
             r = requests[self._next_arrival]
             rid = str(self._next_arrival)
             self._next_arrival += 1
-            leaf = sched.class_leaf(r.tenant, r.klass).name if r.klass else r.tenant
+            classes = sched.classes
+            leaf = sched.class_leaf(r.tenant, r.klass).name if r.klass and classes else r.tenant
+            if r.klass and not classes:  # flat (the policy has no tree): the class's leaf as a tenant
+                leaf = leaf_name(r.tenant, r.klass, default_class(self.workload.classes))
             rec.on_arrival(rid, leaf, r.arrival_s, r.prompt_tokens, r.output_tokens)
             asked = r.max_tokens or r.output_tokens
             block = self._prefix_block
             prefix = r.prefix if block else ()
             reason = sched.submit(
                 rid,
-                r.tenant,
+                leaf if not classes else r.tenant,
                 r.prompt_tokens,
                 asked,
                 self.now,
                 r.output_tokens,
                 prefix=prefix,
                 block_tokens=block,
-                klass=r.klass,
+                klass=r.klass if classes else "",
             )
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))

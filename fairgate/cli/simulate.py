@@ -113,6 +113,12 @@ def run(args: argparse.Namespace) -> int:
         {"command": "simulate", "seed": args.seed, "cost": cost.spec(), "wall_s": round(elapsed, 2)},
     )
     print(comparison_table(reports))
+    for run in reports:
+        for node, row in (run.get("siblings") or {}).items():  # a tenant tree: the bound per sibling pair
+            pair = " / ".join(row["pair"] or ["-"])
+            held = "held" if row["held"] else "NOT held"
+            gap = row["max_gap_over_bound"]
+            print(f"{run['workload']}/{run['policy']}  {node}: largest sibling gap {gap:.3f} of bound ({pair}), {held}")
     print(f"\nwrote {path}" + ("" if args.no_plots else f" and plots in {args.out}/") + f" ({elapsed:.1f} s)")
     return 0
 

@@ -260,3 +260,27 @@ def test_workload_spec_declares_the_tree_and_names_what_is_wrong():
         workload_from_spec({**spec, "tree": [{"name": "org", "weight": 0}]}, seed=1)
     with pytest.raises(WorkloadError, match="unknown request class 'gold'"):
         workload_from_spec({**spec, "tenants": [{"name": "k", "rate": 1.0, "class": "gold"}]}, seed=1)
+
+
+def test_the_simulators_report_checks_the_bound_per_sibling_pair_at_every_level():
+    from loadgen.simulator import SimulationConfig, simulate
+
+    spec = {
+        "duration_s": 120,
+        "tree": [{"name": "org-a", "weight": 1}, {"name": "org-b", "weight": 3}, {"name": "team", "parent": "org-a"}],
+        "classes": [{"name": "interactive", "weight": 3}, {"name": "batch"}],
+        "tenants": [
+            {"name": "k1", "parent": "team", "rate": 3.0},
+            {"name": "k2", "parent": "team", "rate": 3.0},
+            {"name": "k3", "parent": "org-a", "rate": 3.0},
+            {"name": "k4", "parent": "org-b", "rate": 3.0},
+            {"name": "k4", "parent": "org-b", "rate": 3.0, "class": "batch"},
+        ],
+    }
+    workload = workload_from_spec(spec, seed=3)
+    vtc = simulate(workload, SimulationConfig(policy="vtc")).report
+    assert set(vtc["siblings"]) == {"root", "org-a", "team", "k4"}
+    assert vtc["bound_held"] and all(row["held"] for row in vtc["siblings"].values())
+    assert vtc["jain_index"] > 0.99  # against the tree's own fair shares
+    fcfs = simulate(workload, SimulationConfig(policy="fcfs")).report  # judged against the same tree
+    assert not fcfs["siblings"]["root"]["held"] and fcfs["jain_index"] < vtc["jain_index"]
