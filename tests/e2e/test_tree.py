@@ -225,7 +225,7 @@ def test_nodes_created_moved_and_deleted_live(tree_gateway):
     assert "team-new" not in {n["name"] for n in admin(gw, "GET", "/nodes").json()["data"]}
     client.completions.create(model="fairgate-sim", prompt="hi", max_tokens=4)  # a root tenant now
     live = admin(gw, "GET", "/dashboard.json").json()  # the live page's data: the tree, per level
-    assert {"org-a", "org-b", "team-many", "solo"} <= set(live["nodes"]) and "gap" in live["nodes"]["org-a"]
+    assert {"org-a", "org-b", "team-many"} <= set(live["nodes"]) and "gap" in live["nodes"]["org-a"]
     samples = scrape(gw)  # promtool-clean, per-node series for the admin
     assert samples[("fairgate_node_weight", "org-b")] == 3 and ("fairgate_node_service_total", "team-many") in samples
     assert not any(label in ("org-a", "org-b") for _, label in scrape(gw, admin=False))  # no names for anyone else
