@@ -284,3 +284,79 @@ def test_the_simulators_report_checks_the_bound_per_sibling_pair_at_every_level(
     assert vtc["jain_index"] > 0.99  # against the tree's own fair shares
     fcfs = simulate(workload, SimulationConfig(policy="fcfs")).report  # judged against the same tree
     assert not fcfs["siblings"]["root"]["held"] and fcfs["jain_index"] < vtc["jain_index"]
+
+
+def config_with(**changes):
+    raw = {
+        "admin_api_key": "fg-admin-" + "x" * 20,
+        "tree": [{"name": "org", "weight": 2}, {"name": "team", "parent": "org"}],
+        "classes": [{"name": "interactive", "weight": 3, "tier": "default"}, {"name": "batch", "tier": "flex"}],
+        "tenants": [
+            {"name": "alice", "api_key": "a" * 20, "parent": "team", "classes": ["interactive"]},
+            {"name": "bob", "api_key": "b" * 20},
+        ],
+    }
+    return {**raw, **changes}
+
+
+def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong():
+    from common.config import ConfigError
+    from gateway.config import parse_config
+
+    config, _ = parse_config(config_with())
+    plain = config.plain()
+    assert [n["name"] for n in plain["tree"]] == ["org", "team"]
+    assert plain["tenants"][0]["parent"] == "team" and plain["tenants"][0]["classes"] == ["interactive"]
+    assert [c["tier"] for c in plain["classes"]] == ["default", "flex"]
+    assert [c["name"] for c in plain["scheduler"]["classes"]] == ["interactive", "batch"]
+    cases = [
+        ({"tree": [{"name": "org", "parent": "team"}, {"name": "team", "parent": "org"}]}, "cycle"),
+        ({"tree": [{"name": "team", "parent": "nowhere"}]}, "no tree node 'nowhere'"),
+        ({"tree": [{"name": "org", "weight": 0}]}, r"tree\[0\].weight must be > 0"),
+        ({"tree": [{"name": "alice"}]}, "'alice' is a tree node"),
+        ({"classes": [{"name": "batch", "weight": -1}]}, r"classes\[0\].weight must be > 0"),
+        ({"classes": [{"name": "a", "tier": "x"}, {"name": "b", "tier": "x"}]}, "its own tier"),
+        ({"policy": "fcfs"}, "request classes need a policy that orders by counters"),
+    ]
+    for change, says in cases:
+        with pytest.raises(ConfigError, match=says) as err:
+            parse_config(config_with(**change))
+        assert "\n" not in str(err.value)
+    unknown_parent = config_with()
+    unknown_parent["tenants"][1]["parent"] = "nowhere"
+    with pytest.raises(ConfigError, match="tenant 'bob': no tree node 'nowhere'"):
+        parse_config(unknown_parent)
+    unknown_class = config_with()
+    unknown_class["tenants"][1]["classes"] = ["gold"]
+    with pytest.raises(ConfigError, match=r"tenants\[bob\].classes: no request class 'gold'"):
+        parse_config(unknown_class)
+
+
+def test_the_registry_refuses_bad_changes_with_their_status_and_keeps_the_tree():
+    from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
+
+    classes = [ServiceClass(RequestClass("interactive", 3.0), "default"), ServiceClass(RequestClass("batch"), "flex")]
+    classes.append(ServiceClass(RequestClass("ops", strict=True), "priority"))
+    nodes = [{"name": "org", "parent": "", "weight": 1.0}, {"name": "team", "parent": "org", "weight": 1.0}]
+    reg = TenantRegistry([{"name": "k", "key_hash": "h", "parent": "team"}], nodes, classes)
+    assert reg.class_for("k", None) == ("", "default") and reg.class_for("k", "flex") == ("batch", "flex")
+    assert reg.class_for("k", "batch") == ("batch", "flex")  # by class name too
+    for tier in ("priority", "gold"):  # strict classes only when listed; unknown ones never
+        with pytest.raises(TenantError, match="not available to this key") as err:
+            reg.class_for("k", tier)
+        assert err.value.status == 400
+    reg.update("k", classes=["ops", "batch"])
+    assert reg.class_for("k", "priority") == ("ops", "priority") and reg.class_for("k", "auto") == ("ops", "priority")
+    for change, status in (
+        (lambda: reg.set_node("org", "team", None, creating=False), 400),  # a cycle
+        (lambda: reg.set_node("x", "nowhere", None, creating=True), 400),
+        (lambda: reg.set_node("x", None, 0.0, creating=True), 400),
+        (lambda: reg.set_node("org", None, None, creating=True), 409),
+        (lambda: reg.delete_node("team"), 409),
+        (lambda: reg.update("k", parent="nowhere"), 400),
+        (lambda: reg.create("org", "h2", 1.0), 400),  # a node's name
+    ):
+        with pytest.raises(TenantError) as err:
+            change()
+        assert err.value.status == status
+    assert reg.node_records() == nodes and reg.get("k").parent == "team"
