@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.metrics import OTHER, TENANT_SERIES
+from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 
 
 def start_otlp_metrics(
@@ -41,6 +41,12 @@ def start_otlp_metrics(
             out.append(Observation(combine(tenants[n][key] for n in rest), {"tenant": OTHER}))
         return out
 
+    def node_values(key: str) -> list[Observation]:
+        snap = read_snapshot()
+        nodes = (snap or {}).get("nodes") or {}
+        kept = sorted(nodes, key=lambda n: -nodes[n]["service"])[:top_n]
+        return [Observation(float(nodes[n].get(key, 0.0)), {"node": n, "parent": nodes[n]["parent"]}) for n in kept]
+
     def scalar(key: str) -> Callable[[CallbackOptions], list[Observation]]:
         def callback(_: CallbackOptions) -> list[Observation]:
             snap = read_snapshot()
@@ -52,6 +58,9 @@ def start_otlp_metrics(
     for name, kind, doc, key, combine in TENANT_SERIES:
         make = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
         make(name, callbacks=[lambda _, k=key, c=combine: tenant_values(k, c)], description=doc)
+    for name, kind, doc, key, _ in NODE_SERIES:
+        make = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+        make(name, callbacks=[lambda _, k=key: node_values(k)], description=doc)
     for name, key, doc in (
         ("fairgate_queue_depth", "queue_depth", "Requests waiting in the dispatcher"),
         ("fairgate_backlog_tokens", "backlog_tokens", "Prompt plus max_tokens of every waiting request"),

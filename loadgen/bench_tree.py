@@ -222,12 +222,12 @@ def _offered(run: TreeRun) -> float:
 def format_tree(result: Mapping[str, Any]) -> str:
     o, p = result["overload"], result["paced"]
     lines = ["Overload: each node's service against its weighted max-min fair share (1.00 = exact)"]
-    lines.append(f"{'node':<28} {'parent':<16} {'weight':>6} {'service':>12} {'fair share':>12} {'ratio':>6}")
+    lines.append(f"{'node':<34} {'parent':<16} {'weight':>6} {'service':>12} {'fair share':>12} {'ratio':>6}")
     for r in o["rows"]:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         indent = "  " * (r["depth"] - 1)
         lines.append(
-            f"{indent + r['node']:<28} {r['parent']:<16} {r['weight']:>6g} {r['service']:>12.0f} "
+            f"{indent + r['node']:<34} {r['parent']:<16} {r['weight']:>6g} {r['service']:>12.0f} "
             f"{r['fair_share']:>12.0f} {ratio:>6}"
         )
     tens = ", ".join(f"{v:.3f}" for v in o["ten_keys_vs_one_per_weight"])
