@@ -64,7 +64,7 @@ def start_otlp_metrics(
     for name, key, doc in (
         ("fairgate_queue_depth", "queue_depth", "Requests waiting in the dispatcher"),
         ("fairgate_backlog_tokens", "backlog_tokens", "Prompt plus max_tokens of every waiting request"),
-        ("fairgate_fairness_gap", "gap", "Largest counter gap between backlogged tenants"),
+        ("fairgate_fairness_gap", "gap", "Largest counter gap between backlogged siblings"),
         ("fairgate_fairness_bound_2u", "two_u", "VTC's bound 2U for that gap"),
         ("fairgate_jain_index", "jain", "Jain's index of service rates, last 60 s"),
     ):

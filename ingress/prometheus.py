@@ -44,7 +44,7 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
         ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
         ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),
         ("fairgate_in_flight_requests", "Requests assigned to workers", snapshot["in_flight"]),
-        ("fairgate_fairness_gap", "Largest counter gap between backlogged tenants", snapshot["gap"]),
+        ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),
         ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
         ("fairgate_workers", "Workers taking work", sum(1 for w in snapshot["workers"] if not w["draining"])),
     ]
