@@ -128,7 +128,21 @@ def snapshot() -> dict:
         "dispatched": 17,
         "ttft": h.snapshot(),
         "latency": h.snapshot(),
+        "nodes": {
+            name: {"weight": w, "parent": parent, "counter": c, "service": c * w, "waiting": True, "gap": 7.0}
+            for name, parent, w, c in (("org", "", 2.0, 700.0), ("team", "org", 1.0, 350.0), ("tiny", "", 1.0, 1.0))
+        },
     }
+
+
+def test_node_series_are_capped_like_tenants_and_only_for_the_admin():
+    text = render_prometheus(snapshot(), top_n=2).decode()
+    samples = {(s.name, s.labels.get("node", "")): s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("fairgate_node_virtual_service", "org")].value == 700
+    assert samples[("fairgate_node_service_total", "team")].labels["parent"] == "org"
+    assert samples[("fairgate_node_fairness_gap", "org")].value == 7 and ("fairgate_node_weight", "tiny") not in samples
+    anonymous = render_prometheus(snapshot(), top_n=0).decode()
+    assert "fairgate_node_" not in anonymous
 
 
 def test_prometheus_rendering_caps_tenant_labels():
