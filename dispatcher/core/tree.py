@@ -194,8 +194,8 @@ class TenantTree:
             member.counter = floor.counter
         for leaf in self.leaves(member):
             leaf.ancestors = self._ancestors(self.parent_of(leaf))
-        if waiting:
-            self.join(member, lift=False)
+        if waiting:  # its new ancestors that were idle are lifted as they join: no credit from idleness
+            self.join(member, lift=False, lift_above=True)
 
     def leaves(self, member: Member) -> Iterator[Tenant]:
         if type(member) is TreeNode:
@@ -206,12 +206,13 @@ class TenantTree:
 
     # ------------------------------------------------------------------ waiting work
 
-    def join(self, member: Member, lift: bool = True) -> None:
+    def join(self, member: Member, lift: bool = True, lift_above: bool | None = None) -> None:
         """``member`` has waiting work again: it joins its parent's waiting set, and so on up while the
         parent was not waiting itself. ``lift``: by the policy's rule, at every level (a node that was
         waiting when the durable state was written is not lifted); False for a request put back at
-        the head of its queue, which waited all along."""
-        node, lift_nodes = self.parent_of(member), lift
+        the head of its queue, which waited all along. ``lift_above``: for the nodes above that join
+        with it (default: as ``lift``; a moved member's new ancestors are lifted, it is not)."""
+        node, lift_nodes = self.parent_of(member), lift if lift_above is None else lift_above
         while True:
             joined_before = len(node.waiting) > 0  # type: ignore[arg-type]
             if lift:

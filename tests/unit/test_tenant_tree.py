@@ -360,3 +360,14 @@ def test_the_registry_refuses_bad_changes_with_their_status_and_keeps_the_tree()
             change()
         assert err.value.status == status
     assert reg.node_records() == nodes and reg.get("k").parent == "team"
+
+
+def test_moving_a_busy_team_under_an_idle_organisation_lifts_the_organisation():
+    s = one_slot()
+    org_tree(s)
+    s.set_node("org-c", None, 1.0)  # idle since it was made: counter 0
+    serve(s, ["single", "b"], 300)
+    assert s.tree.nodes["org-c"].counter == 0
+    s.set_node("team-1", "org-c")  # team-1 is backlogged: org-c joins the root's waiting set with it
+    floor = min(s.tree.nodes[n].counter for n in ("org-a", "org-b") if s.tree.nodes[n].waiting.entries())
+    assert s.tree.nodes["org-c"].counter >= floor - 1e-9
