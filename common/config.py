@@ -218,6 +218,10 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
     generated: dict[str, str] = {}
     tenants = _tenants(raw, where, generated)
     _check_tree(tree, tenants, classes, where)
+    if (tree or any(t.parent for t in tenants)) and not make_policy(scheduler["policy"]).tree:
+        raise ConfigError(
+            f"{where}: tree: a tenant tree needs a policy that orders by counters, not {scheduler['policy']!r}"
+        )
     admin_key = secret_from_env("FAIRGATE_ADMIN_KEY") or raw.get("admin_api_key")
     if admin_key is None:
         admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)

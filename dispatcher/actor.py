@@ -67,7 +67,8 @@ class DispatcherActor:
             ServiceClass(RequestClass.from_dict(c), str(c.get("tier") or c["name"]))
             for c in settings.get("classes", [])
         ]
-        self._registry = TenantRegistry([], [], self._classes)
+        self._policy = config.policy
+        self._registry = TenantRegistry([], [], self._classes, self._policy)
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
         self._saver: asyncio.Task[None] | None = None
@@ -87,7 +88,7 @@ class DispatcherActor:
         state = self._settings["state"]
         self._store = await open_store(state, self._app)
         tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
-        self._registry = TenantRegistry(tenants, nodes, self._classes)
+        self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
         loop = asyncio.get_running_loop()
         for model, service in self._pools.items():
             scheduler = service.scheduler
@@ -305,7 +306,7 @@ class DispatcherActor:
         except TenantError as exc:
             return {"error": [exc.status, str(exc)]}
         except Exception as exc:  # the store failed: the change does not happen
-            self._registry = TenantRegistry(before, self._registry.node_records(), self._classes)
+            self._registry = TenantRegistry(before, self._registry.node_records(), self._classes, self._policy)
             log.warning("dispatcher: could not save a tenant change: %s", exc)
             return {"error": [503, "the tenant change could not be saved; retry later"]}
         for service in self._pools.values():  # the next dispatch uses the new weight and place, in every pool
@@ -336,7 +337,7 @@ class DispatcherActor:
         except TenantError as exc:
             return {"error": [exc.status, str(exc)]}
         except Exception as exc:  # the store failed: the change does not happen
-            self._registry = TenantRegistry(self._registry.records(), before, self._classes)
+            self._registry = TenantRegistry(self._registry.records(), before, self._classes, self._policy)
             log.warning("dispatcher: could not save a node change: %s", exc)
             return {"error": [503, "the node change could not be saved; retry later"]}
         for service in self._pools.values():

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dispatcher.core import make_policy
 from dispatcher.core.classes import RequestClass, default_class
 from dispatcher.core.tree import TreeError, check_tree, parents_first
 
@@ -66,7 +67,9 @@ class TenantRegistry:
         records: list[dict[str, Any]],
         nodes: list[dict[str, Any]] | None = None,
         classes: Iterable[ServiceClass] = (),
+        policy: str = "vtc",
     ) -> None:
+        self._policy = make_policy(policy)  # whether a tree can be ordered (FairnessPolicy.tree)
         self._by_name: dict[str, TenantRecord] = {}
         self._by_hash: dict[str, str] = {}
         self.nodes: dict[str, NodeRecord] = {}
@@ -221,6 +224,9 @@ class TenantRegistry:
 
     def _check(self, nodes: Mapping[str, NodeRecord], records: Iterable[TenantRecord]) -> None:
         """The tree these records make, built once by the core apart: its own checks."""
+        if not self._policy.tree and (nodes or any(r.parent for r in records)):
+            message = f"a tenant tree needs a policy that orders by counters; this gateway's is {self._policy.name!r}"
+            raise TenantError(400, message)
         try:
             check_tree(
                 {n.name: (n.parent, n.weight) for n in nodes.values()}, ((r.name, r.parent, r.weight) for r in records)

@@ -317,6 +317,10 @@ def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong
         ({"classes": [{"name": "batch", "weight": -1}]}, r"classes\[0\].weight must be > 0"),
         ({"classes": [{"name": "a", "tier": "x"}, {"name": "b", "tier": "x"}]}, "its own tier"),
         ({"policy": "fcfs"}, "request classes need a policy that orders by counters"),
+        (
+            {"policy": "fcfs", "classes": [], "tenants": [{"name": "bob", "api_key": "b" * 20}]},
+            "a tenant tree needs a policy that orders by counters, not 'fcfs'",
+        ),
     ]
     for change, says in cases:
         with pytest.raises(ConfigError, match=says) as err:
@@ -360,6 +364,10 @@ def test_the_registry_refuses_bad_changes_with_their_status_and_keeps_the_tree()
             change()
         assert err.value.status == status
     assert reg.node_records() == nodes and reg.get("k").parent == "team"
+    flat = TenantRegistry([{"name": "k", "key_hash": "h"}], [], classes, policy="fcfs")
+    with pytest.raises(TenantError, match="needs a policy that orders by counters") as err:
+        flat.set_node("org", None, 1.0, creating=True)
+    assert err.value.status == 400 and not flat.nodes
 
 
 def test_moving_a_busy_team_under_an_idle_organisation_lifts_the_organisation():
