@@ -325,6 +325,8 @@ class DispatcherActor:
         await self._ready()
         assert self._store is not None
         before = self._registry.node_records()
+        if action == "create" and any(name in service.scheduler.tenants for service in self._pools.values()):
+            return {"error": [409, f"{name!r} was a tenant (its counters are kept); a node needs a name of its own"]}
         try:
             if action == "delete":
                 self._registry.delete_node(name)
