@@ -265,7 +265,7 @@ class FairScheduler:
             t.rejected += 1
             return REJECT_TOO_LARGE
         config = self.config
-        if config.max_queued_per_tenant is not None and len(t.queue) >= config.max_queued_per_tenant:
+        if config.max_queued_per_tenant is not None and self._queued_of(t) >= config.max_queued_per_tenant:
             t.rejected += 1
             return REJECT_TENANT_QUEUE_FULL
         if config.max_queued is not None and len(self._queued_ids) >= config.max_queued:
@@ -724,6 +724,13 @@ class FairScheduler:
         if sep and klass in self.classes:
             return self.class_leaf(tenant, klass)
         return self.add_tenant(name)
+
+    def _queued_of(self, t: Tenant) -> int:
+        """Requests waiting for ``t``'s key: all its fair classes together (a second class is no second cap)."""
+        node = self.tree.nodes.get(t.parent)
+        if node is None or not node.implicit:
+            return len(t.queue)
+        return sum(len(leaf.queue) for leaf in node.kids.values())  # type: ignore[union-attr]
 
     def _class_node(self, t: Tenant) -> TreeNode | None:
         node = self.tree.nodes.get(t.parent) if t.parent == t.name else None

@@ -379,3 +379,13 @@ def test_moving_a_busy_team_under_an_idle_organisation_lifts_the_organisation():
     s.set_node("team-1", "org-c")  # team-1 is backlogged: org-c joins the root's waiting set with it
     floor = min(s.tree.nodes[n].counter for n in ("org-a", "org-b") if s.tree.nodes[n].waiting.entries())
     assert s.tree.nodes["org-c"].counter >= floor - 1e-9
+
+
+def test_a_second_class_is_no_second_queue_cap():
+    from dispatcher.core import REJECT_TENANT_QUEUE_FULL
+
+    s = make(classes=CLASSES, max_queued_per_tenant=3)
+    s.add_tenant("key")
+    assert [s.submit(f"r{i}", "key", 10, 10, 0.0, klass=k) for i, k in enumerate(["", "batch", "batch"])] == [None] * 3
+    assert s.submit("r3", "key", 10, 10, 0.0, klass="batch") == REJECT_TENANT_QUEUE_FULL
+    assert s.submit("r4", "key", 10, 10, 0.0) == REJECT_TENANT_QUEUE_FULL
