@@ -325,7 +325,8 @@ class DispatcherActor:
         await self._ready()
         assert self._store is not None
         before = self._registry.node_records()
-        if action == "create" and any(name in service.scheduler.tenants for service in self._pools.values()):
+        kept = any(name in service.scheduler.tenants for service in self._pools.values())
+        if action == "create" and kept and self._registry.get(name) is None:
             return {"error": [409, f"{name!r} was a tenant (its counters are kept); a node needs a name of its own"]}
         try:
             if action == "delete":

@@ -224,6 +224,9 @@ def test_nodes_created_moved_and_deleted_live(tree_gateway):
     assert admin(gw, "DELETE", "/nodes/team-new").status_code == 200
     assert "team-new" not in {n["name"] for n in admin(gw, "GET", "/nodes").json()["data"]}
     client.completions.create(model="fairgate-sim", prompt="hi", max_tokens=4)  # a root tenant now
+    assert admin(gw, "DELETE", "/tenants/newkey").status_code == 200
+    taken = admin(gw, "POST", "/nodes", {"name": "newkey"})  # its counters are kept under its name
+    assert taken.status_code == 409 and "was a tenant" in taken.json()["error"]["message"]
     live = admin(gw, "GET", "/dashboard.json").json()  # the live page's data: the tree, per level
     assert {"org-a", "org-b", "team-many"} <= set(live["nodes"]) and "gap" in live["nodes"]["org-a"]
     samples = scrape(gw)  # promtool-clean, per-node series for the admin
