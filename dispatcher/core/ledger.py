@@ -62,12 +62,8 @@ class Ledger:
         tenant.service += amount
         charge = amount if charged is None else self.cost_between(*charged)
         tenant.counter += charge / (tenant.weight if weight is None else weight)
-        if path is None:
-            for node in tenant.ancestors:
-                node.service += amount
-                node.counter += charge / node.weight
-        elif path:
-            self._along(path, amount, charge)
+        if path or tenant.ancestors:
+            self._nodes_above(tenant, path, amount, charge)
 
     def account_cached(self, tenant: Tenant, before: int, after: int, weight: float, path: Path | None = None) -> None:
         """A request's cached prompt tokens go from ``before`` to ``after`` (expected at dispatch, the
@@ -78,17 +74,16 @@ class Ledger:
         amount = self._discount(before) - self._discount(after)
         tenant.service += amount
         tenant.counter += amount / weight
-        if path is None:
-            for node in tenant.ancestors:
-                node.service += amount
-                node.counter += amount / node.weight
-        elif path:
-            self._along(path, amount, amount)
+        if path or tenant.ancestors:
+            self._nodes_above(tenant, path, amount, amount)
 
-    def _along(self, path: Path, amount: float, charge: float) -> None:
+    def _nodes_above(self, tenant: Tenant, path: Path | None, amount: float, charge: float) -> None:
+        """The same move for the tree nodes: those of ``path`` at its weights (a refund or correction:
+        where the charge went), else the tenant's ancestors now at their weights now."""
+        steps = ((node, node.weight) for node in tenant.ancestors) if path is None else path
         nodes = self.nodes
-        for name, weight in path:
-            node = nodes.get(name)
+        for step, weight in steps:
+            node = step if path is None else nodes.get(step)
             if node is not None:  # a node deleted since keeps nothing
                 node.service += amount
                 node.counter += charge / weight

@@ -251,17 +251,11 @@ class TenantTree:
     def any_waiting(self) -> bool:
         return bool(len(self.root.waiting) or len(self.strict.waiting))  # type: ignore[arg-type]
 
-    def is_waiting(self, t: Tenant) -> bool:
-        return t.name in self.parent_of(t).waiting  # type: ignore[operator]
-
     def rekey_ancestors(self, t: Tenant) -> None:
         """Counters above ``t`` may have gone down (a refund, a correction): re-key them where they wait
         (the waiting sets re-key only growing keys by themselves)."""
         for node in t.ancestors:
             self._rekey(node)
-
-    def floor_of(self, t: Tenant) -> Any:
-        return self._floor(self.parent_of(t))
 
     # ------------------------------------------------------------------ snapshots
 

@@ -446,13 +446,7 @@ def balanced(d: Driver) -> None:
 @given(events, st.integers(0, 160))
 def test_in_a_tree_with_classes_nothing_is_lost_books_balance_and_snapshots_agree(policy, placement, trace, cut):
     d = Driver(policy, placement, tree=True)
-    for event in trace[:cut]:
-        d.apply(event)
-    twin = d.twin()
-    d.decisions = []
-    for event in trace[cut:]:
-        d.apply(event)
-        twin.apply(event)
+    twin = run_beside_a_restored_twin(d, trace, cut)
     assert twin.decisions == d.decisions
     assert twin.s.snapshot() == d.s.snapshot()
     d.settle()
@@ -465,6 +459,13 @@ def test_in_a_tree_with_classes_nothing_is_lost_books_balance_and_snapshots_agre
 @given(events, st.integers(0, 160))
 def test_a_restored_snapshot_makes_the_same_decisions(policy, placement, trace, cut):
     d = Driver(policy, placement)
+    twin = run_beside_a_restored_twin(d, trace, cut)
+    assert twin.decisions == d.decisions
+    assert twin.s.snapshot() == d.s.snapshot()
+
+
+def run_beside_a_restored_twin(d: Driver, trace: list, cut: int) -> Driver:
+    """Apply ``trace[:cut]``, restore a twin from a snapshot, then apply the rest to both."""
     for event in trace[:cut]:
         d.apply(event)
     twin = d.twin()
@@ -472,8 +473,7 @@ def test_a_restored_snapshot_makes_the_same_decisions(policy, placement, trace, 
     for event in trace[cut:]:
         d.apply(event)
         twin.apply(event)
-    assert twin.decisions == d.decisions
-    assert twin.s.snapshot() == d.s.snapshot()
+    return twin
 
 
 @pytest.mark.parametrize("policy", BOUNDED)
