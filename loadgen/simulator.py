@@ -46,6 +46,7 @@ class SimulationConfig:
     drain: bool = False
     prefix_caching: bool = True  # the engines keep a prefix cache (as vLLM does by default)
     sees_prefix: bool = True  # the dispatcher gets prompts' block hashes and cached counts (False: prefix-blind)
+    ideal_cache: bool = False  # a ceiling, not an engine: every prefilled block cached on every replica, free
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -71,6 +72,7 @@ class Simulation:
         self.config = config
         self.kv_tokens = config.kv_tokens or workload.kv_tokens or DEFAULT_KV_TOKENS
         self.scheduler = make_scheduler(workload, config)
+        ideal: set[int] | None = set() if config.ideal_cache else None
         self.engines = [
             SimulatedEngine(
                 self.kv_tokens,
@@ -79,6 +81,7 @@ class Simulation:
                 max_running=config.max_running,
                 preemption=config.preemption,
                 prefix_caching=config.prefix_caching,
+                ideal_cache=ideal,
             )
             for _ in range(config.replicas)
         ]

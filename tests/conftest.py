@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FAIRGATE_SHARED", REPO.parent / "shared"))
 SHARED_TRACE = SHARED / "data" / "arena_trace_lengths.csv"
 SHARED_PROFILE = SHARED / "data" / "a10g_llama7b_cost_profile.json"
+SHARED_MOONCAKE = SHARED / "data" / "mooncake_conversation_trace.jsonl"
 
 settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -28,6 +29,13 @@ def shared_trace() -> Path:
     if not SHARED_TRACE.is_file():
         pytest.fail(f"the shared real trace is missing at {SHARED_TRACE} (set FAIRGATE_SHARED)")
     return SHARED_TRACE
+
+
+@pytest.fixture(scope="session")
+def mooncake_trace() -> Path:
+    if not SHARED_MOONCAKE.is_file():
+        pytest.fail(f"the shared Mooncake trace is missing at {SHARED_MOONCAKE} (set FAIRGATE_SHARED)")
+    return SHARED_MOONCAKE
 
 
 def free_port() -> int:

@@ -72,6 +72,38 @@ def test_without_prefix_caching_nothing_is_cached():
         assert run_engine(engine)[1] == {rid: 0}
 
 
+def test_the_ideal_cache_shares_every_prefilled_block_across_engines_in_no_memory():
+    ideal: set[int] = set()
+    a, b = (SimulatedEngine(200, StepTimeModel(0.0, 1.0, 0.0, 0.0), block_size=BLOCK, ideal_cache=ideal) for _ in "ab")
+    a.add(EngineRequest("first", 96, 2, 2, prefix=prefix(1, 6), prefix_block=BLOCK))
+    assert a.begin_step() == 96
+    a.end_step()
+    run_engine(a)
+    b.add(EngineRequest("next-turn", 160, 2, 2, prefix=prefix(1, 6) + prefix(7, 4), prefix_block=BLOCK))
+    assert b.begin_step() == 160 - 96  # the other engine's blocks, skipped
+    report = b.end_step()
+    assert report.cached == {"next-turn": 96}
+    assert b.used_blocks == -(-161 // BLOCK)  # the whole context is still allocated: the ceiling takes no room
+    run_engine(b)
+    a.add(EngineRequest("cut", 160, 2, 2, prefix=prefix(1, 2) + prefix(8, 8), prefix_block=BLOCK))
+    assert run_engine(a)[1] == {"cut": 32}  # only the leading blocks count
+
+
+def test_the_ceiling_arm_gains_at_least_what_cache_aware_dispatch_gains():
+    rows = [(t, 0.05 * i, 160 + 16 * (i % 3), 40) for i in range(120) for t in (0, 1, 2)]
+    workload = workload_of(rows, prefixed=True)
+    hits = {}
+    for name, config in {
+        "blind": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=1200, drain=True),
+        "aware": SimulationConfig(placement="prefix-affinity", replicas=2, kv_tokens=1200, drain=True),
+        "ceiling": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=1200, drain=True, ideal_cache=True),
+    }.items():
+        sim = Simulation(workload, config)
+        sim.advance(float("inf"))
+        hits[name] = sim.summary().report["prefix_hit_rate"]
+    assert hits["ceiling"] >= hits["aware"] > hits["blind"]
+
+
 # ----------------------------------------------------------------------------- the prefix index
 
 

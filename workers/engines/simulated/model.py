@@ -11,6 +11,11 @@ vLLM does: a request carrying the chained hashes of its prompt's blocks (``prefi
 their prefill; blocks no running request holds stay cached but count as free, and are evicted
 least recently used when room is needed. Each request's cached count is reported at its start.
 
+``ideal_cache`` is no engine but a ceiling for benchmarks: a set of block hashes shared by every
+engine given it, which keeps every block any of them prefilled, forever and in no memory. A request
+skips the prefill of its leading blocks found there, so a run with it measures the most that any
+placement could get from a trace's reuse.
+
 The engine knows nothing of clocks: ``begin_step`` returns how long the step takes by the step-time
 model and ``end_step`` applies it. The simulator advances a virtual clock by that duration; the
 real-time simulated worker sleeps for it.
@@ -57,6 +62,7 @@ class SimulatedEngine:
         max_running: int | None = None,
         preemption: bool = True,
         prefix_caching: bool = False,
+        ideal_cache: set[int] | None = None,
     ) -> None:
         if kv_tokens <= 0 or block_size <= 0:
             raise ValueError("kv_tokens and block_size must be positive")
@@ -65,6 +71,7 @@ class SimulatedEngine:
         self.max_running = max_running
         self.preemption = preemption
         self.prefix_caching = prefix_caching
+        self.ideal_cache = ideal_cache
         self.step_model = step_model
         self.total_blocks = kv_tokens // block_size
         self.used_blocks = 0
@@ -135,6 +142,8 @@ class SimulatedEngine:
         for req in admitted:
             if self.prefix_caching and req.prefix:
                 self._cache_prompt(req)
+            if self.ideal_cache is not None:
+                self.ideal_cache.update(req.prefix)
             if not req.ever_started:
                 req.ever_started = True
                 report.started[req.id] = req.prompt_tokens
@@ -220,7 +229,8 @@ class SimulatedEngine:
                     self.used_blocks += b
                 self._refs[h] = self._refs.get(h, 0) + 1
             req.shared = list(hits)
-            req.cached = min(len(hits) * req.prefix_block, req.prompt_tokens - 1) if hits else 0
+            found = max(len(hits), self._ideal_hits(req))
+            req.cached = min(found * req.prefix_block, req.prompt_tokens - 1) if found else 0
             self.prompt_tokens_seen += req.prompt_tokens
             self.cached_tokens_seen += req.cached
             req.blocks = blocks
@@ -241,6 +251,17 @@ class SimulatedEngine:
                 break
             hits.append(h)
         return hits
+
+    def _ideal_hits(self, req: EngineRequest) -> int:
+        """How many of ``req``'s leading blocks the ideal cache holds (0 without one)."""
+        if self.ideal_cache is None:
+            return 0
+        n = 0
+        for h in req.prefix:
+            if h not in self.ideal_cache:
+                break
+            n += 1
+        return n
 
     def _cache_prompt(self, req: EngineRequest) -> None:
         """After its prefill, ``req``'s own full prompt blocks become cached blocks it holds."""
