@@ -4,7 +4,10 @@ The same real client (streaming chat with usage, closed loops) is driven at the 
 then through the whole gateway (HTTP -> front door -> ingress -> dispatcher -> worker, whose engine
 layer writes the bytes the ingress relays) to one worker with the same settings. For vLLM the engine
 served alone is the engine plug-in's reference server: vLLM's own OpenAI server, or the simulated
-engine's own layer under uvicorn (``workers.engine_server``). Each arm runs alone on the machine. Figures per arm:
+engine's own layer under uvicorn (``workers.engine_server``). A third arm, the floor, serves the same
+engine layer in one bare Ray Serve replica behind the same front door, nothing of fairgate around it
+(``workers.engine_on_serve``): what Serve's request path costs before the gateway does anything.
+Each arm runs alone on the machine. Figures per arm:
 output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token latency
 at light load (one stream), and short requests/s (one output token each, not streamed).
 """
@@ -164,38 +167,84 @@ def through_gateway(config: OpenAIBenchConfig, port: int) -> Iterator[tuple[str,
         serve.shutdown()
 
 
+@contextlib.contextmanager
+def on_bare_serve(config: OpenAIBenchConfig, port: int) -> Iterator[str]:
+    """The engine's layer in one bare Serve replica behind the front door; yields its base URL."""
+    from ray import serve
+
+    from gateway.app import start_local_ray
+    from workers.engine_on_serve import EngineOnServe
+
+    start_local_ray()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(EngineOnServe.bind(config.engine, config.settings, config.model), name="bench-floor", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_engine(url + "/v1", config.model)
+        yield url + "/v1"
+    finally:
+        serve.delete("bench-floor")
+        serve.shutdown()
+
+
+def _wait_for_engine(base: str, model: str, timeout_s: float = 300.0) -> None:
+    """Until one completion comes back through the front door (its routes and the engine come late)."""
+    deadline = time.monotonic() + timeout_s
+    body = {"model": model, "prompt": "hello", "max_tokens": 1}
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.post(base + "/completions", json=body, timeout=30).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the engine on Serve at {base} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.3)
+
+
+ARMS = ("alone", "serve_floor", "gateway")
+
+
 def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None, rounds: int = 2) -> dict[str, Any]:
-    """Both arms, alternating ``rounds`` times, each alone on the machine (a pause between arms lets
-    the previous one's processes go); per arm the median of its rounds, and the ratios."""
-    alone_runs: list[ArmResult] = []
-    gateway_runs: list[ArmResult] = []
+    """The three arms (the engine alone, the floor, the gateway), alternating ``rounds`` times, each
+    alone on the machine (a pause between arms lets the previous one's processes go); per arm the
+    median of its rounds, and the ratios to the engine alone."""
+    runs: dict[str, list[ArmResult]] = {arm: [] for arm in ARMS}
     for i in range(rounds):
         alone_log = log_dir / f"engine-alone-{i}.log" if log_dir is not None else None
         plugin = engine_for(config.engine)
         with plugin.reference_server(plugin.settings(config.settings), config.model, _free_port(), alone_log) as base:
-            alone_runs.append(asyncio.run(measure(base, "none", config)))
+            runs["alone"].append(asyncio.run(measure(base, "none", config)))
+        time.sleep(5)
+        with on_bare_serve(config, _free_port()) as base:
+            runs["serve_floor"].append(asyncio.run(measure(base, "none", config)))
         time.sleep(5)
         with through_gateway(config, _free_port()) as (base, key):
-            gateway_runs.append(asyncio.run(measure(base, key, config)))
+            runs["gateway"].append(asyncio.run(measure(base, key, config)))
         time.sleep(5)
-    alone, gateway = _median(alone_runs), _median(gateway_runs)
+    medians = {arm: _median(r) for arm, r in runs.items()}
+    alone = medians["alone"]
     return {
         "config": asdict(config),
-        "alone": asdict(alone),
-        "gateway": asdict(gateway),
-        "rounds": {"alone": [asdict(r) for r in alone_runs], "gateway": [asdict(r) for r in gateway_runs]},
-        "ratio": {
-            "output_tokens_per_s": gateway.output_tokens_per_s / alone.output_tokens_per_s,
-            "short_requests_per_s": gateway.short_requests_per_s / alone.short_requests_per_s,
-            "ttft_p50_ms_overhead": gateway.ttft_p50_ms - alone.ttft_p50_ms,
-            "light_ttft_p50_ms_overhead": gateway.light_ttft_p50_ms - alone.light_ttft_p50_ms,
-        },
+        **{arm: asdict(m) for arm, m in medians.items()},
+        "rounds": {arm: [asdict(r) for r in arm_runs] for arm, arm_runs in runs.items()},
+        "ratio": _ratios(medians["gateway"], alone),
+        "floor_ratio": _ratios(medians["serve_floor"], alone),
+    }
+
+
+def _ratios(arm: ArmResult, alone: ArmResult) -> dict[str, float]:
+    return {
+        "output_tokens_per_s": arm.output_tokens_per_s / alone.output_tokens_per_s,
+        "short_requests_per_s": arm.short_requests_per_s / alone.short_requests_per_s,
+        "ttft_p50_ms_overhead": arm.ttft_p50_ms - alone.ttft_p50_ms,
+        "light_ttft_p50_ms_overhead": arm.light_ttft_p50_ms - alone.light_ttft_p50_ms,
     }
 
 
 def _median(runs: list[ArmResult]) -> ArmResult:
+    """Each figure's median over the rounds; errors are summed (every one counts)."""
     fields = asdict(runs[0])
-    return ArmResult(**{k: statistics.median(asdict(r)[k] for r in runs) for k in fields})
+    medians = {k: statistics.median(asdict(r)[k] for r in runs) for k in fields}
+    return ArmResult(**(medians | {"errors": sum(r.errors for r in runs)}))
 
 
 def _free_port() -> int:

@@ -256,7 +256,7 @@ def _openai(args: argparse.Namespace) -> int:
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
     out = bench_openai(config, rounds=max(1, args.rounds))
-    a, g, r = out["alone"], out["gateway"], out["ratio"]
+    a, f, g, r = out["alone"], out["serve_floor"], out["gateway"], out["ratio"]
     alone = plugin.reference_name
     print(
         f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
@@ -266,7 +266,7 @@ def _openai(args: argparse.Namespace) -> int:
     print(
         f"{'':<20} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
     )
-    for label, row in ((alone, a), ("through fairgate", g)):
+    for label, row in ((alone, a), ("on bare Serve", f), ("through fairgate", g)):
         print(
             f"{label:<20} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms {row['ttft_p99_ms']:>7.1f}ms "
             f"{row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} {row['errors']:>7}"
@@ -275,6 +275,12 @@ def _openai(args: argparse.Namespace) -> int:
         f"fairgate / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
         f"{r['short_requests_per_s']:.2f}x short requests/s; TTFT p50 +{r['ttft_p50_ms_overhead']:.1f} ms loaded, "
         f"+{r['light_ttft_p50_ms_overhead']:.1f} ms at light load"
+    )
+    fr = out["floor_ratio"]
+    print(
+        f"floor (the same engine layer in one bare Serve replica behind the same front door, nothing of "
+        f"fairgate) / alone: {fr['output_tokens_per_s']:.2f}x tokens/s, "
+        f"{fr['short_requests_per_s']:.2f}x short requests/s"
     )
     if args.json:
         with open(args.json, "w") as f:
