@@ -110,10 +110,8 @@ class RequestTrace:
         """Context manager around waiting for a placement."""
         return tracer().start_as_current_span("fairgate.queue", context=self._parent, end_on_exit=True)
 
-    def dispatched(self, queue: Span, placement: dict[str, Any]) -> None:
-        queue.set_attributes(
-            {"fairgate.worker": placement["worker_id"], "fairgate.counter": float(placement.get("counter", 0.0))}
-        )
+    def dispatched(self, queue: Span, worker_id: str, counter: float) -> None:
+        queue.set_attributes({"fairgate.worker": worker_id, "fairgate.counter": float(counter)})
 
     def start_generate(self, worker: str) -> Sequence[tuple[str, str]]:
         """Start the streaming span; returns the gRPC metadata that carries it to the worker."""

@@ -21,6 +21,7 @@ import ray
 
 from common.loopback import bind_host
 from common.prefix_hashes import salted
+from dispatcher.admission_service import AdmissionServer
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.core.classes import RequestClass
 from dispatcher.metrics import ServiceHistory
@@ -75,6 +76,7 @@ class DispatcherActor:
         self._history = ServiceHistory()  # per-tenant service once a second (metrics, live page)
         self._sampler: asyncio.Task[None] | None = None
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
+        self._admission = AdmissionServer(self.submit, secret.encode())  # the ingress's per-request call
 
     async def _ready(self) -> str:
         """Load durable state and start the gRPC service, once; every call waits for it. A start that
@@ -102,6 +104,7 @@ class DispatcherActor:
                 scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
             await service.start(bind_host(), 0)
             loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
+        await self._admission.start(bind_host())
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
         self._sampler = loop.create_task(self._sample_every(1.0))
         telemetry = self._settings.get("telemetry") or {}
@@ -157,6 +160,11 @@ class DispatcherActor:
         """The Dispatcher gRPC service of a model pool: its address (it changes when the actor restarts)."""
         await self._ready()
         return self._pool(model).address
+
+    async def admission_address(self) -> str:
+        """The Admission gRPC service the ingress submits to (it changes when the actor restarts)."""
+        await self._ready()
+        return self._admission.address
 
     async def submit(
         self,
@@ -364,6 +372,7 @@ class DispatcherActor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
         await self.persist()
+        await self._admission.stop()
         for service in self._pools.values():
             await service.stop()
         if self._store is not None:

@@ -24,10 +24,10 @@ from ray.exceptions import RayActorError
 from common.config import hash_key
 from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
-from common.tickets import TicketFields, ticket_message
 from common.tracing import RequestTrace, configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_api import TenantChange, node_change, tenant_change
+from ingress.admission_client import AdmissionClient, DispatcherUnavailable
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
@@ -46,11 +46,6 @@ MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before i
 
 INLINE_TOKENIZE_BYTES = 16_384  # larger bodies are tokenized off the event loop (it serves every client)
 log = logging.getLogger(__name__)
-
-
-# defined before the deployment class: Serve serializes the class when it is decorated
-def _ticket(placement: dict[str, Any]) -> pb.Ticket:
-    return ticket_message(TicketFields(**placement["ticket"]), placement["signature"])
 
 
 class RelayResponse(StreamingResponse):
@@ -103,6 +98,9 @@ class Ingress:
         self._lookups = LookupBudget()
         self._admin_key_hash = gateway.get("admin_key_hash", "")
         self._dispatcher = get_or_create_dispatcher(app_name, gateway, secret)
+        self._admission = AdmissionClient(
+            lambda: self._ask_dispatcher("admission_address", ()), secret, DISPATCHER_WAIT_S
+        )
         self._channels = WorkerChannels()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
@@ -278,7 +276,7 @@ class Ingress:
                     admitted.block_tokens,
                     tier=req.service_tier,
                 )
-                trace.dispatched(queue, placement)
+                trace.dispatched(queue, placement.worker_id, placement.counter)
         except BaseException as exc:
             trace.finish(admitted.prompt_tokens, 0, None, error=type(exc).__name__)
             raise
@@ -295,7 +293,7 @@ class Ingress:
             await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
             trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, type(exc).__name__)
             raise
-        tier = placement.get("service_tier", "") if self._classes and outcome.status < 400 else ""
+        tier = placement.service_tier if self._classes and outcome.status < 400 else ""
         if outcome.content_type.startswith("text/event-stream"):
             events = self._relay(pool.name, rid, first, data, outcome, trace, tier)
             return RelayResponse(events, status_code=outcome.status, media_type=outcome.content_type)
@@ -358,17 +356,31 @@ class Ingress:
         block_tokens: int = 0,
         retry: bool = False,
         tier: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> pb.SubmitReply:
         """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
         restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
-        key again, and the request class (``tier``) the key may use."""
-        args = (rid, tenant, prompt_tokens, max_tokens)
-        rest = (key_hash, model, prefix, block_tokens, tier)
-        placement = await self._ask_dispatcher("submit", (*args, retry, *rest), again=(*args, True, *rest))
-        if "rejected" in placement:
-            if placement["rejected"] == "class_not_allowed":
-                raise ApiError(400, placement["message"], param="service_tier", code="invalid_service_tier")
-            raise rejection_error(placement["rejected"])
+        key again, and the request class (``tier``) the key may use. Cancelling (the client left while
+        queued) withdraws the request."""
+        request = pb.SubmitRequest(
+            request_id=rid,
+            tenant=tenant,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            retry=retry,
+            key_hash=key_hash,
+            model=model,
+            prefix=prefix,
+            block_tokens=block_tokens,
+            tier=tier,
+        )
+        try:
+            placement = await self._admission.submit(request)
+        except DispatcherUnavailable:
+            raise rejection_error("dispatcher_unavailable") from None
+        if placement.rejected:
+            if placement.rejected == "class_not_allowed":
+                raise ApiError(400, placement.message, param="service_tier", code="invalid_service_tier")
+            raise rejection_error(placement.rejected)
         return placement
 
     async def _ask_dispatcher(self, method: str, args: tuple[Any, ...], again: tuple[Any, ...] | None = None) -> Any:
@@ -396,7 +408,7 @@ class Ingress:
         model: str,
         tenant: str,
         key_hash: str,
-        placement: dict[str, Any],
+        placement: pb.SubmitReply,
         request: pb.GenerateRequest,
         outcome: Outcome,
         trace: RequestTrace,
@@ -406,12 +418,12 @@ class Ingress:
         its tenant's queue. Once anything arrived, a lost worker ends the request with an error. However
         it ends before its worker sent anything (a failure, the client leaving), its reservation is
         freed at once: no one waits for its ticket to expire."""
-        rid = placement["ticket"]["request_id"]
+        rid = placement.ticket.request_id
         try:
             for attempt in range(MAX_PLACEMENTS):
-                request.ticket.CopyFrom(_ticket(placement))
-                metadata = trace.start_generate(placement["worker_id"])
-                data = stream_bytes(self._channels, placement["address"], request, outcome, metadata, trace.first_token)
+                request.ticket.CopyFrom(placement.ticket)
+                metadata = trace.start_generate(placement.worker_id)
+                data = stream_bytes(self._channels, placement.address, request, outcome, metadata, trace.first_token)
                 try:
                     async for piece in data:
                         yield piece
@@ -423,7 +435,7 @@ class Ingress:
                 finally:
                     await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
                 await asyncio.sleep(0.05 * 2**attempt)
-                served = placement.get("service_tier") or None  # the same class as before
+                served = placement.service_tier or None  # the same class as before
                 placement = await self._submit(
                     model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True, tier=served
                 )

@@ -105,7 +105,7 @@ def trace_one_request(i: int) -> None:
     metadata inject/extract as over gRPC)."""
     trace = RequestTrace({"fairgate.request_id": f"r{i}", "fairgate.tenant": "t", "fairgate.prompt_tokens": 8})
     with trace.queue_span() as queue:
-        trace.dispatched(queue, {"worker_id": "w0", "counter": 1.0})
+        trace.dispatched(queue, "w0", 1.0)
     metadata = trace.start_generate("w0")
     worker = tracer().start_span("fairgate.worker.generate", context=extract_context(metadata))
     trace.first_token()

@@ -6,6 +6,48 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SubmitRequest(_message.Message):
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "max_tokens", "retry", "key_hash", "model", "prefix", "block_tokens", "tier")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
+    KEY_HASH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    prompt_tokens: int
+    max_tokens: int
+    retry: bool
+    key_hash: str
+    model: str
+    prefix: _containers.RepeatedScalarFieldContainer[int]
+    block_tokens: int
+    tier: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket")
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_TIER_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    rejected: str
+    message: str
+    counter: float
+    service_tier: str
+    worker_id: str
+    address: str
+    ticket: Ticket
+    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "report", "goodbye")
     HELLO_FIELD_NUMBER: _ClassVar[int]

@@ -167,3 +167,75 @@ class Worker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AdmissionStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Submit = channel.unary_unary(
+                '/fairgate.v1.Admission/Submit',
+                request_serializer=common_dot_rpc_dot_fairgate__pb2.SubmitRequest.SerializeToString,
+                response_deserializer=common_dot_rpc_dot_fairgate__pb2.SubmitReply.FromString,
+                _registered_method=True)
+
+
+class AdmissionServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Submit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdmissionServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Submit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Submit,
+                    request_deserializer=common_dot_rpc_dot_fairgate__pb2.SubmitRequest.FromString,
+                    response_serializer=common_dot_rpc_dot_fairgate__pb2.SubmitReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fairgate.v1.Admission', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fairgate.v1.Admission', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admission:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Submit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairgate.v1.Admission/Submit',
+            common_dot_rpc_dot_fairgate__pb2.SubmitRequest.SerializeToString,
+            common_dot_rpc_dot_fairgate__pb2.SubmitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -530,3 +531,121 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
         await shutdown(service, workers)
 
     asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------------- Admission (ingress -> dispatcher)
+
+
+class _Submits:
+    """Stands in for the actor's submit: records each call; ``block`` holds calls until set."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.cancelled: list[str] = []
+        self.block = asyncio.Event()
+        self.block.set()
+
+    async def __call__(self, rid, tenant, prompt, max_tokens, retry, key_hash, model, prefix, block, tier):
+        self.calls.append((rid, tenant, prompt, max_tokens, retry, key_hash, model, prefix, block, tier))
+        try:
+            await self.block.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(rid)
+            raise
+        if tenant == "nobody":
+            return {"rejected": "unknown_key"}
+        fields = TicketFields(rid, tenant, "w0", time.time() + 30, prompt, max_tokens, "grp")
+        return {
+            "counter": 12.5,
+            "service_tier": tier or "default",
+            "worker_id": "w0",
+            "address": "127.0.0.1:1",
+            "ticket": dataclasses.asdict(fields),
+            "signature": sign(SECRET, fields),
+        }
+
+
+def test_admission_takes_only_the_ingress_token_and_carries_the_whole_placement():
+    asyncio.run(_admission_token_and_placement())
+
+
+async def _admission_token_and_placement():
+    from dispatcher.admission_service import AdmissionServer
+    from ingress.admission_client import AdmissionClient
+
+    submits = _Submits()
+    server = AdmissionServer(submits, SECRET)
+    address = await server.start("127.0.0.1")
+
+    async def where() -> str:
+        return address
+
+    client = AdmissionClient(where, SECRET.decode(), wait_s=5.0)
+    try:
+        request = pb.SubmitRequest(request_id="r1", tenant="alice", prompt_tokens=7, max_tokens=9, key_hash="h")
+        request.prefix.extend([3, 2**62])
+        reply = await client.submit(request)
+        assert reply.worker_id == "w0" and reply.counter == 12.5 and reply.service_tier == "default"
+        assert reply.ticket.request_id == "r1" and reply.ticket.cache_group == "grp"
+        signed = TicketFields("r1", "alice", "w0", reply.ticket.expires_at, 7, 9, "grp")
+        assert reply.ticket.signature == sign(SECRET, signed)
+        assert submits.calls[0] == ("r1", "alice", 7, 9, False, "h", None, (3, 2**62), 0, None)  # no tier: the default
+        await client.submit(pb.SubmitRequest(request_id="r2", tenant="alice", tier=""))
+        assert submits.calls[1][-1] == ""  # an empty tier is the client's, not absent
+        assert (await client.submit(pb.SubmitRequest(request_id="r3", tenant="nobody"))).rejected == "unknown_key"
+
+        for token in ((), (("x-fairgate-ingress", "guess"),)):  # a tenant reaching the port has no token
+            async with grpc.aio.insecure_channel(address) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await rpc.AdmissionStub(channel).Submit(
+                        pb.SubmitRequest(request_id="x", tenant="alice"), metadata=token
+                    )
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert [c[0] for c in submits.calls] == ["r1", "r2", "r3"]
+    finally:
+        await server.stop()
+
+
+def test_admission_withdraws_on_cancel_and_asks_again_after_a_restart():
+    asyncio.run(_admission_cancel_and_restart())
+
+
+async def _admission_cancel_and_restart():
+    from dispatcher.admission_service import AdmissionServer
+    from ingress.admission_client import AdmissionClient, DispatcherUnavailable
+
+    submits = _Submits()
+    server = AdmissionServer(submits, SECRET)
+    addresses = [await server.start("127.0.0.1")]
+
+    async def where() -> str:
+        return addresses[-1]
+
+    client = AdmissionClient(where, SECRET.decode(), wait_s=10.0)
+    submits.block.clear()
+    queued = asyncio.create_task(client.submit(pb.SubmitRequest(request_id="gone", tenant="alice")))
+    while not submits.calls:
+        await asyncio.sleep(0.01)
+    queued.cancel()  # the client left while queued
+    for _ in range(200):
+        if submits.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert submits.cancelled == ["gone"]
+
+    waiting = asyncio.create_task(client.submit(pb.SubmitRequest(request_id="r1", tenant="alice")))
+    while len(submits.calls) < 2:
+        await asyncio.sleep(0.01)
+    await server.stop()  # the dispatcher restarts on another port
+    submits.block.set()
+    restarted = AdmissionServer(submits, SECRET)
+    addresses.append(await restarted.start("127.0.0.1"))
+    try:
+        reply = await asyncio.wait_for(waiting, 10.0)
+        assert reply.ticket.request_id == "r1"
+        assert submits.calls[-1][0] == "r1" and submits.calls[-1][4] is True  # asked again as a retry
+    finally:
+        await restarted.stop()
+    gone = AdmissionClient(where, SECRET.decode(), wait_s=0.3)
+    with pytest.raises(DispatcherUnavailable):  # no dispatcher comes back: the caller answers 503
+        await gone.submit(pb.SubmitRequest(request_id="r2", tenant="alice"))
