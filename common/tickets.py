@@ -13,6 +13,7 @@ each nonce once (``NonceBook``), so a captured proof cannot attach an impostor.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import secrets
 from dataclasses import asdict, dataclass
@@ -86,19 +87,26 @@ def check_size(fields: TicketFields, prompt_tokens: int, max_tokens: int) -> str
 
 
 class _OnceBook:
-    """Values seen once, remembered until they expire (so the book stays as small as the live window)."""
+    """Values seen once, remembered until they expire (so the book stays as small as the live window).
+    Expired values leave in expiry order (a heap): each take costs O(log n), however many are live."""
 
     def __init__(self) -> None:
-        self._seen: dict[bytes | str, float] = {}
+        self._seen: set[bytes | str] = set()
+        self._expiry: list[tuple[float, bytes | str]] = []
 
     def take(self, value: bytes | str, expires_at: float, now: float) -> bool:
         """True the first time ``value`` is taken; False on every later try."""
-        if len(self._seen) > 1024:
-            self._seen = {v: exp for v, exp in self._seen.items() if exp >= now}
+        expiry = self._expiry
+        while expiry and expiry[0][0] < now:
+            self._seen.discard(heapq.heappop(expiry)[1])
         if value in self._seen:
             return False
-        self._seen[value] = expires_at
+        self._seen.add(value)
+        heapq.heappush(expiry, (expires_at, value))
         return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 class TicketBook(_OnceBook):

@@ -50,7 +50,8 @@ def test_a_ticket_is_taken_once_and_the_book_forgets_expired_ones():
     assert not book.take(b"sig-1", 10.0, 1.0)  # replayed
     for i in range(2000):  # many more, long after the first expired: the book stays small
         assert book.take(f"sig-{i + 2}".encode(), 100.0 + i, 50.0 + i)
-    assert len(book._seen) < 1100
+    assert len(book) == 51  # exactly the live ones: expiring at 2049 or later
+    assert not book.take(b"sig-2001", 2099.0, 2049.0)  # a live one is still refused
 
 
 def test_worker_credentials_are_bound_to_the_worker_and_its_address_expire_and_are_taken_once():

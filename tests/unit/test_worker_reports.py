@@ -1,0 +1,48 @@
+"""Step reports that queue up behind a busy stream go to the dispatcher as one message that says
+exactly what the separate ones said."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.rpc import fairgate_pb2 as pb
+from workers.worker import _CLOSED, _merge_queued
+
+
+def report(started=(), tokens=(), finished=(), free=0, seconds=0.001) -> pb.WorkerMessage:
+    return pb.WorkerMessage(
+        report=pb.StepReport(
+            started=[pb.Started(request_id=r, prompt_tokens=n, tenant="t") for r, n in started],
+            new_tokens=[pb.TokenCount(request_id=r, tokens=k) for r, k in tokens],
+            finished=[pb.Finished(request_id=r, output_tokens=n, reason="stop") for r, n in finished],
+            free_tokens=free,
+            running=len(tokens),
+            step_seconds=seconds,
+        )
+    )
+
+
+def test_queued_reports_merge_into_one_with_tokens_summed_and_the_last_pool_figures():
+    outbox: asyncio.Queue = asyncio.Queue()
+    first = report(started=[("a", 10)], tokens=[("a", 1)], free=90)
+    outbox.put_nowait(report(started=[("b", 5)], tokens=[("a", 1), ("b", 1)], free=80))
+    outbox.put_nowait(report(tokens=[("a", 1), ("b", 1)], finished=[("a", 3)], free=85))
+    goodbye = pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining"))
+    outbox.put_nowait(goodbye)
+    outbox.put_nowait(report(tokens=[("b", 1)], free=86))
+    merged, held = _merge_queued(first, outbox)
+    r = merged.report
+    assert [(s.request_id, s.prompt_tokens) for s in r.started] == [("a", 10), ("b", 5)]
+    assert {t.request_id: t.tokens for t in r.new_tokens} == {"a": 3, "b": 2}
+    assert [(f.request_id, f.output_tokens) for f in r.finished] == [("a", 3)]
+    assert (r.free_tokens, r.running) == (85, 2) and abs(r.step_seconds - 0.003) < 1e-12
+    assert held is goodbye and outbox.qsize() == 1  # the goodbye goes next, in order; later reports wait
+    assert first.report.new_tokens[0].tokens == 1  # the message it started from is left as it was
+
+
+def test_the_outbox_end_found_while_merging_is_kept():
+    outbox: asyncio.Queue = asyncio.Queue()
+    outbox.put_nowait(report(tokens=[("a", 1)]))
+    outbox.put_nowait(None)
+    merged, held = _merge_queued(report(tokens=[("a", 1)]), outbox)
+    assert held is _CLOSED and merged.report.new_tokens[0].tokens == 2
