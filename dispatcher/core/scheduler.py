@@ -772,10 +772,15 @@ class FairScheduler:
         self._queued_ids.pop(req.id, None)
 
     def _take(self, t: Tenant, req: Request) -> None:
-        """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order)."""
+        """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order). Its
+        tenant's key may go down: a key read from the head (FCFS's arrival order) falls when the head
+        leaves and a request put back ahead of earlier ones had been the head."""
+        before = self._key(t.name)
         self._unqueue(t, req)
         if not t.queue:
             self.tree.leave(t, at_top=False)
+        else:
+            self._rekey_if_lower(t, before)
 
     def _dispatch(self, t: Tenant, req: Request, slot: WorkerSlot, now: float, at_top: bool) -> Request:
         """Start ``req`` of ``t`` on ``slot``; ``at_top``: ``t`` is the waiting set's peek."""
