@@ -39,9 +39,9 @@ async def call_asgi(
     linger_s: float = 0.0,
 ) -> AsgiResponse:
     """POST ``body`` to ``path``; returns once the app has sent its status and first body bytes (a
-    stream's first event). ``context``: the context variables the app runs with. ``linger_s``: after
-    the first piece, wait this long for more before handing bytes on (fewer, larger pieces to relay;
-    the first byte never waits)."""
+    stream's first event). ``context``: the context variables the app runs with. ``linger_s``: hand
+    bytes on at most once per ``linger_s``, joining what came meanwhile (fewer, larger pieces to relay
+    when an engine steps fast); the first byte, and bytes after a quiet ``linger_s``, never wait."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     disconnected = asyncio.Event()
     sent_body = False
@@ -90,13 +90,16 @@ async def call_asgi(
 
     async def chunks() -> AsyncIterator[bytes]:
         nonlocal more
+        handed = loop.time()  # when the last piece was handed on
         try:
             if first:
                 yield first
+                handed = loop.time()
             while more:
-                piece, more = await _body_piece(queue, task, linger_s)
+                piece, more = await _body_piece(queue, task, handed + linger_s if linger_s else 0.0)
                 if piece:
                     yield piece
+                    handed = loop.time()
         finally:
             disconnected.set()
             await _settle(task)
@@ -111,13 +114,18 @@ async def _next(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> Any:
     return message
 
 
-async def _body_piece(queue: asyncio.Queue[Any], task: asyncio.Task[None], linger_s: float = 0.0) -> tuple[bytes, bool]:
-    """The body bytes that are ready (after ``linger_s`` more), joined, and whether more follow."""
+async def _body_piece(
+    queue: asyncio.Queue[Any], task: asyncio.Task[None], not_before: float = 0.0
+) -> tuple[bytes, bool]:
+    """The body bytes that are ready (once the loop's clock reaches ``not_before``), joined, and
+    whether more follow."""
     pieces: list[bytes] = []
     more = True
     message = await _next(queue, task)
-    if linger_s and message is not _END and message.get("more_body", False):
-        await asyncio.sleep(linger_s)
+    if message is not _END and message.get("more_body", False):
+        wait = not_before - asyncio.get_running_loop().time()
+        if wait > 0:
+            await asyncio.sleep(wait)
     while True:
         if message is _END:
             more = False

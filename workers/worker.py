@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 GENERATED_KEPT = 50_000
 ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher forgets lost requests at 120 s)
 ENDED_KEPT = 20_000
-# A stream's bytes after its first piece wait this long for the engine's next steps before they are
-# relayed: far fewer messages per token when steps are fast, at most this much later per token.
+# A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
+# when an engine steps fast; the first piece, and a piece after a quiet interval (a GPU's slower
+# steps), go at once.
 RELAY_LINGER_S = 0.010
 
 
