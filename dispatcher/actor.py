@@ -21,7 +21,8 @@ import ray
 
 from common.loopback import bind_host
 from common.prefix_hashes import salted
-from dispatcher.admission_service import AdmissionServer
+from common.rpc import fairgate_pb2 as pb
+from dispatcher.admission_service import AdmissionServer, submit_args
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.core.classes import RequestClass
 from dispatcher.metrics import ServiceHistory
@@ -76,7 +77,7 @@ class DispatcherActor:
         self._history = ServiceHistory()  # per-tenant service once a second (metrics, live page)
         self._sampler: asyncio.Task[None] | None = None
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
-        self._admission = AdmissionServer(self.submit, secret.encode())  # the ingress's per-request call
+        self._admission = AdmissionServer(self.admit, secret.encode())  # the ingress's per-request call
 
     async def _ready(self) -> str:
         """Load durable state and start the gRPC service, once; every call waits for it. A start that
@@ -166,41 +167,30 @@ class DispatcherActor:
         await self._ready()
         return self._admission.address
 
-    async def submit(
-        self,
-        request_id: str,
-        tenant: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        retry: bool = False,
-        key_hash: str | None = None,
-        model: str | None = None,
-        prefix: list[int] | tuple[int, ...] = (),
-        block_tokens: int = 0,
-        tier: str | None = None,
-    ) -> dict[str, Any]:
-        """Resolves when the request is assigned: where to run it and the signed ticket. ``key_hash``:
-        the caller's API key, checked against the registry here, so a key revoked or rotated through
-        any ingress replica stops working at once on all of them (their key caches notwithstanding).
-        ``prefix``: the prompt's block hashes (of ``block_tokens`` tokens each), salted here by the
-        tenant's cache group. ``tier``: the client's ``service_tier`` (its request class), checked
-        against the classes its key may use; the reply names the tier served."""
+    async def admit(self, request: pb.SubmitRequest) -> pb.SubmitReply:
+        """One request's turn (the Admission service's call): resolves when it is assigned, with where
+        to run it and the signed ticket, or why it was refused. The caller's API key (its hash) is
+        checked against the registry here, so a key revoked or rotated through any ingress replica
+        stops working at once on all of them (their key caches notwithstanding). The prompt's block
+        hashes are salted here by the tenant's cache group; the client's ``service_tier`` (its request
+        class) is checked against the classes its key may use, and the reply names the tier served."""
+        rid, tenant, n_prompt, max_tokens, retry, key_hash, model, prefix, block_tokens, tier = submit_args(request)
         await self._ready()
         if key_hash is not None and self._registry.lookup(key_hash) != tenant:
-            return {"rejected": REJECT_UNKNOWN_KEY}
+            return pb.SubmitReply(rejected=REJECT_UNKNOWN_KEY)
         try:
             klass, served_tier = self._registry.class_for(tenant, tier)
         except TenantError as exc:
-            return {"rejected": "class_not_allowed", "message": str(exc)}
+            return pb.SubmitReply(rejected="class_not_allowed", message=str(exc))
         service = self._pool(model)
         record = self._registry.get(tenant)
         group = (record.cache_group if record is not None else "") or tenant
         cached = salted(prefix, group) if prefix and block_tokens > 0 else ()
         try:
             p = await service.submit(
-                request_id,
+                rid,
                 tenant,
-                prompt_tokens,
+                n_prompt,
                 max_tokens,
                 retry=retry,
                 prefix=cached,
@@ -209,15 +199,14 @@ class DispatcherActor:
                 klass=klass,
             )
         except Rejected as exc:
-            return {"rejected": exc.reason}
-        return {
-            "counter": service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
-            "service_tier": served_tier,
-            "worker_id": p.worker_id,
-            "address": p.address,
-            "ticket": dataclasses.asdict(p.ticket),
-            "signature": p.signature,
-        }
+            return pb.SubmitReply(rejected=exc.reason)
+        return pb.SubmitReply(
+            counter=service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
+            service_tier=served_tier,
+            worker_id=p.worker_id,
+            address=p.address,
+            ticket=p.ticket_message(),
+        )
 
     async def release(self, request_id: str, model: str | None = None) -> None:
         """The caller gave up on an assigned request before it started: free it now."""

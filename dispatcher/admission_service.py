@@ -17,11 +17,11 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import TicketFields, ticket_message
+from common.rpc.server import start_server
 
 TOKEN_METADATA = "x-fairgate-ingress"
 
-Submit = Callable[..., Awaitable[dict[str, Any]]]
+Admit = Callable[[pb.SubmitRequest], Awaitable[pb.SubmitReply]]
 
 
 def ingress_token(secret: bytes) -> str:
@@ -29,58 +29,47 @@ def ingress_token(secret: bytes) -> str:
     return hmac.new(secret, b"fairgate-admission-v1", hashlib.sha256).hexdigest()
 
 
-def reply_of(placement: dict[str, Any]) -> pb.SubmitReply:
-    """The actor's placement (or refusal) as the wire reply."""
-    if "rejected" in placement:
-        return pb.SubmitReply(rejected=placement["rejected"], message=placement.get("message", ""))
-    return pb.SubmitReply(
-        counter=placement["counter"],
-        service_tier=placement["service_tier"],
-        worker_id=placement["worker_id"],
-        address=placement["address"],
-        ticket=ticket_message(TicketFields(**placement["ticket"]), placement["signature"]),
+def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
+    """The request as the dispatcher reads it: (id, tenant, prompt tokens, max tokens, retry, key hash,
+    model, prefix, block tokens, tier), with None for an absent key, model or tier (an empty tier is
+    the client's own, not absent)."""
+    return (
+        request.request_id,
+        request.tenant,
+        request.prompt_tokens,
+        request.max_tokens,
+        request.retry,
+        request.key_hash or None,
+        request.model or None,
+        tuple(request.prefix),
+        request.block_tokens,
+        request.tier if request.HasField("tier") else None,
     )
 
 
 class _AdmissionServicer(rpc.AdmissionServicer):
-    def __init__(self, submit: Submit, token: str) -> None:
-        self._submit = submit
+    def __init__(self, admit: Admit, token: str) -> None:
+        self._admit = admit
         self._token = token
 
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext) -> pb.SubmitReply:
         presented = dict(context.invocation_metadata() or ()).get(TOKEN_METADATA, "")
         if not hmac.compare_digest(str(presented), self._token):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not an ingress of this gateway")
-        placement = await self._submit(
-            request.request_id,
-            request.tenant,
-            request.prompt_tokens,
-            request.max_tokens,
-            request.retry,
-            request.key_hash or None,
-            request.model or None,
-            tuple(request.prefix),
-            request.block_tokens,
-            request.tier if request.HasField("tier") else None,
-        )
-        return reply_of(placement)
+        return await self._admit(request)
 
 
 class AdmissionServer:
     """The service on its own port (it changes when the dispatcher restarts: the ingress asks the
     actor for it again)."""
 
-    def __init__(self, submit: Submit, secret: bytes) -> None:
-        self._servicer = _AdmissionServicer(submit, ingress_token(secret))
+    def __init__(self, admit: Admit, secret: bytes) -> None:
+        self._servicer = _AdmissionServicer(admit, ingress_token(secret))
         self._server: grpc.aio.Server | None = None
         self.address = ""
 
     async def start(self, host: str) -> str:
-        self._server = grpc.aio.server()
-        rpc.add_AdmissionServicer_to_server(self._servicer, self._server)
-        port = self._server.add_insecure_port(f"{host}:0")
-        await self._server.start()
-        self.address = f"{host}:{port}"
+        self._server, self.address = await start_server(rpc.add_AdmissionServicer_to_server, self._servicer, host)
         return self.address
 
     async def stop(self) -> None:

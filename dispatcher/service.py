@@ -21,6 +21,7 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
+from common.rpc.server import start_server
 from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
@@ -90,11 +91,8 @@ class DispatcherService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        self._server = grpc.aio.server()
-        rpc.add_DispatcherServicer_to_server(_DispatcherServicer(self), self._server)
-        bound = self._server.add_insecure_port(f"{host}:{port}")
-        await self._server.start()
-        self.address = f"{host}:{bound}"
+        servicer = _DispatcherServicer(self)
+        self._server, self.address = await start_server(rpc.add_DispatcherServicer_to_server, servicer, host, port)
         return self.address
 
     async def stop(self) -> None:

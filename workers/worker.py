@@ -24,6 +24,7 @@ import grpc
 from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
+from common.rpc.server import start_server
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
 from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
@@ -96,11 +97,8 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        self._server = grpc.aio.server()
-        rpc.add_WorkerServicer_to_server(_WorkerServicer(self), self._server)
-        port = self._server.add_insecure_port(f"{self._host}:0")
-        await self._server.start()
-        self.address = f"{self._host}:{port}"
+        servicer = _WorkerServicer(self)
+        self._server, self.address = await start_server(rpc.add_WorkerServicer_to_server, servicer, self._host)
         await self.runner.start(self._on_step)
         self.openai_app = await self.runner.openai_app()
         self._tasks = [asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 
@@ -12,7 +11,7 @@ import pytest
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import TicketFields, sign
+from common.tickets import TicketFields, sign, ticket_message
 from dispatcher.core import LinearCost, SchedulerConfig
 from dispatcher.service import DispatcherService, Placement, Rejected
 from workers.engines.simulated import SimulatedEngine, StepTimeModel
@@ -537,7 +536,8 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
 
 
 class _Submits:
-    """Stands in for the actor's submit: records each call; ``block`` holds calls until set."""
+    """Stands in for the actor's ``admit``: records each request as the dispatcher reads it
+    (``submit_args``); ``block`` holds calls until set."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -545,24 +545,26 @@ class _Submits:
         self.block = asyncio.Event()
         self.block.set()
 
-    async def __call__(self, rid, tenant, prompt, max_tokens, retry, key_hash, model, prefix, block, tier):
-        self.calls.append((rid, tenant, prompt, max_tokens, retry, key_hash, model, prefix, block, tier))
+    async def __call__(self, request: pb.SubmitRequest) -> pb.SubmitReply:
+        from dispatcher.admission_service import submit_args
+
+        rid, tenant, prompt, max_tokens, *_, tier = args = submit_args(request)
+        self.calls.append(args)
         try:
             await self.block.wait()
         except asyncio.CancelledError:
             self.cancelled.append(rid)
             raise
         if tenant == "nobody":
-            return {"rejected": "unknown_key"}
+            return pb.SubmitReply(rejected="unknown_key")
         fields = TicketFields(rid, tenant, "w0", time.time() + 30, prompt, max_tokens, "grp")
-        return {
-            "counter": 12.5,
-            "service_tier": tier or "default",
-            "worker_id": "w0",
-            "address": "127.0.0.1:1",
-            "ticket": dataclasses.asdict(fields),
-            "signature": sign(SECRET, fields),
-        }
+        return pb.SubmitReply(
+            counter=12.5,
+            service_tier=tier or "default",
+            worker_id="w0",
+            address="127.0.0.1:1",
+            ticket=ticket_message(fields, sign(SECRET, fields)),
+        )
 
 
 def test_admission_takes_only_the_ingress_token_and_carries_the_whole_placement():
