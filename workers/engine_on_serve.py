@@ -41,15 +41,12 @@ class _LazyEngine:
         await self._app(scope, receive, send)
 
     async def _build(self) -> Any:
-        from workers.engines import engine_for
+        from workers.engine_server import engine_app
 
         if not _SPEC:
             raise RuntimeError("the replica was not given its engine")
         engine, settings, model = _SPEC
-        plugin = engine_for(engine)
-        runner = plugin.runner(plugin.settings(settings), model)
-        await runner.start(lambda _report: None)
-        return await runner.openai_app()
+        return (await engine_app(engine, settings, model))[1]
 
 
 app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)

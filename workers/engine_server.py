@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -25,11 +26,16 @@ import uvicorn
 from workers.engines import engine_for
 
 
-async def serve_engine(engine: str, settings: dict, model: str, port: int) -> None:
+async def engine_app(engine: str, settings: dict, model: str) -> tuple[Any, Any]:
+    """The engine started with no dispatcher to report to, and its own OpenAI layer: (runner, app)."""
     plugin = engine_for(engine)
     runner = plugin.runner(plugin.settings(settings), model)
     await runner.start(lambda _report: None)
-    app = await runner.openai_app()
+    return runner, await runner.openai_app()
+
+
+async def serve_engine(engine: str, settings: dict, model: str, port: int) -> None:
+    runner, app = await engine_app(engine, settings, model)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     try:
         await server.serve()

@@ -775,7 +775,7 @@ class FairScheduler:
         """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order). Its
         tenant's key may go down: a key read from the head (FCFS's arrival order) falls when the head
         leaves and a request put back ahead of earlier ones had been the head."""
-        before = self._key(t.name)
+        before = self._key(t.name) if len(t.queue) > 1 else None  # its last request: it leaves anyway
         self._unqueue(t, req)
         if not t.queue:
             self.tree.leave(t, at_top=False)
