@@ -12,7 +12,7 @@ finish reason), and, in the worker's process, ``fairgate.worker.generate`` under
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context, propagate, trace
@@ -86,16 +86,16 @@ def set_tracing_active(active: bool) -> None:
 _NO_OP = trace.NoOpTracer()
 
 
-def inject_metadata(span: Span) -> list[tuple[str, str]]:
-    """W3C trace context for a gRPC call made under ``span``."""
+def inject_context(span: Span) -> dict[str, str]:
+    """W3C trace context for a call made under ``span`` (empty when tracing is off)."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
-    return list(carrier.items())
+    return carrier
 
 
-def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> context.Context:
-    """The caller's trace context from gRPC metadata (empty when the caller sent none)."""
-    return propagate.extract({k: v for k, v in (metadata or ()) if isinstance(v, str)})
+def extract_context(carrier: Mapping[str, Any] | None) -> context.Context:
+    """The caller's trace context (empty when the caller sent none)."""
+    return propagate.extract({k: v for k, v in (carrier or {}).items() if isinstance(v, str)})
 
 
 class RequestTrace:
@@ -113,14 +113,14 @@ class RequestTrace:
     def dispatched(self, queue: Span, worker_id: str, counter: float) -> None:
         queue.set_attributes({"fairgate.worker": worker_id, "fairgate.counter": float(counter)})
 
-    def start_generate(self, worker: str) -> Sequence[tuple[str, str]]:
-        """Start the streaming span; returns the gRPC metadata that carries it to the worker."""
+    def start_generate(self, worker: str) -> dict[str, str]:
+        """Start the streaming span; returns the trace context that carries it to the worker."""
         if self.generate is not None:  # placed again after its worker was lost: a new attempt
             self.generate.end()
         self.generate = tracer().start_span(
             "fairgate.generate", context=self._parent, attributes={"fairgate.worker": worker}
         )
-        return inject_metadata(self.generate)
+        return inject_context(self.generate)
 
     def first_token(self) -> None:
         if self.generate is not None:

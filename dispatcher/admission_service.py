@@ -1,25 +1,28 @@
-"""The dispatcher's Admission gRPC service: the ingress's one call per request (DESIGN §2).
+"""The dispatcher's admission endpoint: the ingress's one call per request (DESIGN §2).
 
-A plain gRPC call costs both processes about half what a Ray actor call costs here (measured: 0.9 ms
-of CPU against 1.6 ms per call, caller and callee together), and every request makes one. Only the
-ingress may call it: each call carries a token derived from the cluster secret, which no tenant has.
-Cancelling the call (the client left while queued) cancels the handler, which withdraws the request.
+Each ingress replica keeps one connection here (``common/frames.py``): its first frame is the ingress
+token, derived from the cluster secret, which no tenant has (a connection without it is answered
+``permission_denied`` and closed); then a ``SubmitRequest`` frame per request, answered by a
+``SubmitReply`` naming the request once it is assigned (or refused). Many requests wait on one
+connection. A ``withdraw`` frame (the client left while queued) cancels the request's call, which
+withdraws it; so does the connection breaking. Frames instead of gRPC: see ``common/frames.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
+from google.protobuf.message import DecodeError
 
+from common.frames import FrameConnection, listen
 from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
-from common.rpc.server import start_server
 
-TOKEN_METADATA = "x-fairgate-ingress"
+log = logging.getLogger(__name__)
 
 Admit = Callable[[pb.SubmitRequest], Awaitable[pb.SubmitReply]]
 
@@ -47,32 +50,94 @@ def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
     )
 
 
-class _AdmissionServicer(rpc.AdmissionServicer):
-    def __init__(self, admit: Admit, token: str) -> None:
+NOT_AN_INGRESS = "permission_denied"  # a reply naming no request: the connection's token was refused
+INTERNAL_ERROR = "internal_error"  # the dispatcher failed on the request (a bug: the client's 500)
+
+
+class _AdmissionConnection(FrameConnection):
+    def __init__(self, admit: Admit, token: str, connections: set[_AdmissionConnection]) -> None:
+        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
         self._admit = admit
         self._token = token
+        self._connections = connections
+        self._trusted = False
+        self._calls: dict[str, asyncio.Task[None]] = {}
 
-    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext) -> pb.SubmitReply:
-        presented = dict(context.invocation_metadata() or ()).get(TOKEN_METADATA, "")
-        if not hmac.compare_digest(str(presented), self._token):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not an ingress of this gateway")
-        return await self._admit(request)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._connections.add(self)
+
+    def _on_frame(self, frame: bytes) -> None:
+        try:
+            message = pb.AdmissionFrame.FromString(frame)
+        except DecodeError:
+            self.abort()
+            return
+        kind = message.WhichOneof("kind")
+        if not self._trusted:
+            if kind == "token" and hmac.compare_digest(message.token.encode(), self._token.encode()):
+                self._trusted = True
+                return
+            refusal = pb.SubmitReply(rejected=NOT_AN_INGRESS, message="not an ingress of this gateway")
+            self.send(refusal.SerializeToString())
+            self.close()
+            return
+        if kind == "submit":
+            rid = message.submit.request_id
+            earlier = self._calls.pop(rid, None)
+            if earlier is not None:  # asked again before the first answer: the first is withdrawn
+                earlier.cancel()
+            self._calls[rid] = asyncio.get_running_loop().create_task(self._answer(message.submit))
+        elif kind == "withdraw":
+            call = self._calls.pop(message.withdraw, None)
+            if call is not None:
+                call.cancel()
+
+    async def _answer(self, request: pb.SubmitRequest) -> None:
+        rid = request.request_id
+        try:
+            reply = await self._admit(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("admission: the dispatcher failed on %s", rid)
+            reply = pb.SubmitReply(rejected=INTERNAL_ERROR, message="the dispatcher failed on this request")
+        finally:
+            if self._calls.get(rid) is asyncio.current_task():
+                del self._calls[rid]
+        reply.request_id = rid
+        if not self.closed:
+            self.send(reply.SerializeToString())
+
+    def _on_lost(self, _exc: Exception | None) -> None:
+        self._connections.discard(self)
+        calls, self._calls = self._calls, {}
+        for call in calls.values():  # its ingress is gone: nobody waits for these any more
+            call.cancel()
 
 
 class AdmissionServer:
-    """The service on its own port (it changes when the dispatcher restarts: the ingress asks the
+    """The endpoint on its own port (it changes when the dispatcher restarts: the ingress asks the
     actor for it again)."""
 
     def __init__(self, admit: Admit, secret: bytes) -> None:
-        self._servicer = _AdmissionServicer(admit, ingress_token(secret))
-        self._server: grpc.aio.Server | None = None
+        self._admit = admit
+        self._token = ingress_token(secret)
+        self._server: asyncio.Server | None = None
+        self._connections: set[_AdmissionConnection] = set()
         self.address = ""
 
     async def start(self, host: str) -> str:
-        self._server, self.address = await start_server(rpc.add_AdmissionServicer_to_server, self._servicer, host)
+        self._server, self.address = await listen(
+            host, lambda: _AdmissionConnection(self._admit, self._token, self._connections)
+        )
         return self.address
 
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
-            self._server = None
+        """Close the endpoint and every connection (their waiting calls are withdrawn)."""
+        if self._server is None:
+            return
+        self._server.close()
+        for conn in list(self._connections):
+            conn.abort()
+        self._server = None

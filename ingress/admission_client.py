@@ -1,8 +1,10 @@
-"""The ingress's side of the dispatcher's Admission service: one gRPC call per request.
+"""The ingress's side of the dispatcher's admission endpoint: one call per request, all of a replica's
+calls on one connection (``dispatcher/admission_service.py``).
 
-The service's address comes from the dispatcher actor and changes when it restarts; a call that
-finds the service gone is asked again (``retry`` set, same id, so the request never runs twice)
-until the dispatcher is back or ``wait_s`` has passed.
+The endpoint's address comes from the dispatcher actor and changes when it restarts; a call whose
+connection breaks is asked again on a new one (``retry`` set, same id, so the request never runs
+twice) until the dispatcher is back or ``wait_s`` has passed. Cancelling a call (the client left while
+queued) withdraws the request.
 """
 
 from __future__ import annotations
@@ -10,63 +12,112 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import grpc
-
+from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
-from dispatcher.admission_service import TOKEN_METADATA, ingress_token
+from dispatcher.admission_service import INTERNAL_ERROR, ingress_token
 
 
 class DispatcherUnavailable(Exception):
     """The dispatcher did not come back within the wait."""
 
 
+class AdmissionRefused(RuntimeError):
+    """The dispatcher refused this ingress (a cluster secret of another gateway) or failed on a
+    request: a fault of the deployment, not of the client's request."""
+
+
+class _AdmissionLink(FrameConnection):
+    """One connection; calls wait on it by request id."""
+
+    def __init__(self) -> None:
+        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
+        self._waiting: dict[str, asyncio.Future[pb.SubmitReply]] = {}
+
+    def _on_frame(self, frame: bytes) -> None:
+        reply = pb.SubmitReply.FromString(frame)
+        if not reply.request_id:  # the token was refused: every call on this connection fails
+            self._fail(AdmissionRefused(f"the dispatcher refused this ingress: {reply.message}"))
+            return
+        future = self._waiting.pop(reply.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionLost(str(exc) if exc else "the dispatcher closed the connection"))
+
+    def _fail(self, exc: Exception) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    async def call(self, request: pb.SubmitRequest) -> pb.SubmitReply:
+        rid = request.request_id
+        future = asyncio.get_running_loop().create_future()
+        earlier = self._waiting.get(rid)
+        if earlier is not None and not earlier.done():
+            earlier.set_exception(AdmissionRefused(f"request {rid} was submitted again while it waited"))
+        self._waiting[rid] = future
+        self.send(pb.AdmissionFrame(submit=request).SerializeToString())
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._waiting.get(rid) is future:
+                del self._waiting[rid]
+                if not self.closed:
+                    self.send(pb.AdmissionFrame(withdraw=rid).SerializeToString())
+            raise
+
+
 class AdmissionClient:
     def __init__(self, address: Callable[[], Awaitable[str]], secret: str, wait_s: float) -> None:
-        """``address``: asks the dispatcher actor where its service is (waits out a restart itself)."""
+        """``address``: asks the dispatcher actor where its endpoint is (waits out a restart itself)."""
         self._address = address
-        self._metadata = ((TOKEN_METADATA, ingress_token(secret.encode())),)
+        self._token = ingress_token(secret.encode())
         self._wait_s = wait_s
-        self._stub: rpc.AdmissionStub | None = None
-        self._channel: grpc.aio.Channel | None = None
-        self._connecting: asyncio.Task[rpc.AdmissionStub] | None = None
+        self._link: _AdmissionLink | None = None
+        self._connecting: asyncio.Task[_AdmissionLink] | None = None
 
     async def submit(self, request: pb.SubmitRequest) -> pb.SubmitReply:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._wait_s
         delay = 0.1
         while True:
-            stub = self._stub or await self._connect()
+            link = self._link
             try:
-                return await stub.Submit(request, metadata=self._metadata)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                self._forget(stub)
+                if link is None or link.closed:
+                    link = await self._connect()
+                reply = await link.call(request)
+                if reply.rejected == INTERNAL_ERROR:
+                    raise AdmissionRefused(reply.message)
+                return reply
+            except (ConnectionLost, OSError):
+                self._forget(link)
             if loop.time() >= deadline:
                 raise DispatcherUnavailable
-            request.retry = True  # it may have been queued (or assigned) before the service went away
+            request.retry = True  # it may have been queued (or assigned) before the connection broke
             await asyncio.sleep(delay)
             delay = min(2.0, delay * 2)
 
-    async def _connect(self) -> rpc.AdmissionStub:
-        """One lookup for all the calls that need it at once."""
+    async def _connect(self) -> _AdmissionLink:
+        """One connection for all the calls that need it at once."""
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.get_running_loop().create_task(self._open())
         return await asyncio.shield(self._connecting)
 
-    async def _open(self) -> rpc.AdmissionStub:
+    async def _open(self) -> _AdmissionLink:
         address = await self._address()
-        # the previous channel is dropped, not closed: closing would cancel calls still waiting on it
-        self._channel = grpc.aio.insecure_channel(address)
-        self._stub = rpc.AdmissionStub(self._channel)
-        return self._stub
+        link = await connect(address, _AdmissionLink)
+        link.send(pb.AdmissionFrame(token=self._token).SerializeToString())
+        self._link = link
+        return link
 
-    def _forget(self, stub: rpc.AdmissionStub) -> None:
-        """The service at the cached address is gone: the next call asks the actor again."""
-        if self._stub is stub:
-            self._stub = None
+    def _forget(self, link: _AdmissionLink | None) -> None:
+        """The endpoint at the cached address is gone: the next call asks the actor again."""
+        if link is not None and self._link is link:
+            self._link = None
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
+        if self._link is not None:
+            self._link.close()
+            self._link = None

@@ -30,7 +30,7 @@ from ingress.admin_api import TenantChange, node_change, tenant_change
 from ingress.admission_client import AdmissionClient, DispatcherUnavailable
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
-from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
+from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_json
 from ingress.pools import ModelPools
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
@@ -101,7 +101,7 @@ class Ingress:
         self._admission = AdmissionClient(
             lambda: self._ask_dispatcher("admission_address", ()), secret, DISPATCHER_WAIT_S
         )
-        self._channels = WorkerChannels()
+        self._connections = WorkerConnections()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
         self._classes = bool(gateway.get("classes"))  # responses then name the tier they were served in
@@ -245,7 +245,7 @@ class Ingress:
             admitted = await asyncio.to_thread(pool.prompting.admit, req)
         else:
             admitted = pool.prompting.admit(req)
-        grpc_request = pb.GenerateRequest(
+        generate_request = pb.GenerateRequest(
             endpoint=endpoint,
             body=raw,
             prompt_tokens=admitted.prompt_tokens,
@@ -281,7 +281,7 @@ class Ingress:
             trace.finish(admitted.prompt_tokens, 0, None, error=type(exc).__name__)
             raise
         outcome = Outcome()
-        data = self._generate(pool.name, tenant, key_hash, placement, grpc_request, outcome, trace)
+        data = self._generate(pool.name, tenant, key_hash, placement, generate_request, outcome, trace)
         error = ""
         try:
             first = await anext(data, b"")
@@ -422,8 +422,8 @@ class Ingress:
         try:
             for attempt in range(MAX_PLACEMENTS):
                 request.ticket.CopyFrom(placement.ticket)
-                metadata = trace.start_generate(placement.worker_id)
-                data = stream_bytes(self._channels, placement.address, request, outcome, metadata, trace.first_token)
+                carried = trace.start_generate(placement.worker_id)
+                data = stream_bytes(self._connections, placement.address, request, outcome, carried, trace.first_token)
                 try:
                     async for piece in data:
                         yield piece

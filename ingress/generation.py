@@ -1,20 +1,19 @@
 """The data plane of one request: relay the engine's response bytes from the assigned worker.
 
 Bytes go worker -> ingress -> client unchanged (the engine's own OpenAI layer wrote them on the
-worker); the dispatcher never sees them. Closing the iterator (the client gone) cancels the gRPC call,
-and the worker aborts the request.
+worker); the dispatcher never sees them. They travel as frames on a TCP connection to the worker
+(``common/frames.py``): one request at a time per connection, kept open for the next request. Closing
+the iterator early (the client gone) closes its connection, and the worker aborts the request.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+import collections
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-import grpc
-
+from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
 
 
 class WorkerLost(Exception):
@@ -31,10 +30,6 @@ class WorkerLost(Exception):
         self.retryable = retryable
 
 
-# gRPC codes after which the request may run elsewhere: the worker is gone, or refused the ticket
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED}
-
-
 @dataclass
 class Outcome:
     """Filled in as the stream goes; final once the iterator ends."""
@@ -48,64 +43,69 @@ class Outcome:
     released: bool = False  # given up before anything arrived: its reservation was freed
 
 
-@dataclass
-class _Channel:
-    channel: grpc.aio.Channel
-    calls: int = 0  # calls open on it
-    retired: bool = False  # replaced: closed once its last call ends
+IDLE_KEPT = 64  # idle connections kept per worker (more are closed as their requests end)
 
 
-class WorkerChannels:
-    """One gRPC channel per worker address, reused across requests (created on the caller's loop).
-
-    Closing a channel cancels every call on it, so a channel is never closed while a call uses it:
-    one request's failure must not end another tenant's stream. A channel to a worker that became
-    unreachable is retired (new calls get a fresh one) and closed after its last call."""
+class WorkerConnections:
+    """Connections to workers, reused across requests: each carries one request at a time, then waits
+    idle for the next. A connection whose request did not end cleanly is closed, never reused, so one
+    request's failure cannot reach another's stream."""
 
     def __init__(self) -> None:
-        self._channels: dict[str, _Channel] = {}
+        self._idle: dict[str, collections.deque[FrameConnection]] = {}
 
-    def open(self, address: str) -> tuple[rpc.WorkerStub, _Channel]:
-        entry = self._channels.get(address)
-        if entry is None:
-            entry = self._channels[address] = _Channel(grpc.aio.insecure_channel(address))
-        entry.calls += 1
-        return rpc.WorkerStub(entry.channel), entry
+    async def take(self, address: str) -> FrameConnection:
+        idle = self._idle.get(address)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return await connect(address, FrameConnection)
 
-    def done(self, entry: _Channel) -> None:
-        entry.calls -= 1
-        if entry.retired and entry.calls == 0:
-            asyncio.get_running_loop().create_task(entry.channel.close())
+    def give_back(self, address: str, conn: FrameConnection) -> None:
+        idle = self._idle.setdefault(address, collections.deque())
+        if conn.closed or len(idle) >= IDLE_KEPT:
+            conn.close()
+            return
+        idle.append(conn)
 
-    def retire(self, address: str) -> None:
-        """The worker at ``address`` could not be reached: later calls open a new channel."""
-        entry = self._channels.pop(address, None)
-        if entry is not None:
-            entry.retired = True
-            if entry.calls == 0:
-                asyncio.get_running_loop().create_task(entry.channel.close())
+    def forget(self, address: str) -> None:
+        """The worker at ``address`` could not be reached: its idle connections are dropped."""
+        for conn in self._idle.pop(address, ()):
+            conn.close()
 
     async def close(self) -> None:
-        for entry in self._channels.values():
-            await entry.channel.close()
-        self._channels.clear()
+        for address in list(self._idle):
+            self.forget(address)
 
 
 async def stream_bytes(
-    channels: WorkerChannels,
+    connections: WorkerConnections,
     address: str,
     request: pb.GenerateRequest,
     outcome: Outcome,
-    metadata: Sequence[tuple[str, str]] = (),
+    trace_context: Mapping[str, str] | None = None,
     on_first: Callable[[], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield the engine's response bytes as the worker sends them; ``outcome`` holds the status and
-    content type from the first chunk, and the counts and finish reason when it ends. ``metadata`` goes
-    with the call (trace context); ``on_first`` runs when the worker's first message arrives."""
-    stub, entry = channels.open(address)
-    call = stub.Generate(request, metadata=tuple(metadata) or None)
+    content type from the first chunk, and the counts and finish reason when it ends.
+    ``trace_context`` goes with the request; ``on_first`` runs when the worker's first chunk arrives."""
     try:
-        async for chunk in call:
+        conn = await connections.take(address)
+    except OSError as exc:
+        connections.forget(address)
+        raise WorkerLost(f"worker {address}: unreachable: {exc}") from None
+    clean = False
+    try:
+        if trace_context:
+            request.trace_context.update(trace_context)
+        conn.send(request.SerializeToString())
+        while True:
+            chunk = pb.GenerateChunk.FromString(await conn.next_frame())
+            if chunk.HasField("refusal"):
+                r = chunk.refusal
+                clean = True  # the worker answered: the connection serves the next request
+                raise WorkerLost(f"worker {address}: {r.code}: {r.detail}", retryable=r.retryable)
             if not outcome.received:
                 outcome.received = True
                 outcome.status, outcome.content_type = chunk.status or 200, chunk.content_type
@@ -117,13 +117,12 @@ async def stream_bytes(
                 yield chunk.data
             if chunk.finish_reason:
                 outcome.finish_reason = chunk.finish_reason
+                clean = True
                 return
-        raise WorkerLost(f"worker {address} ended the stream without finishing")
-    except grpc.aio.AioRpcError as exc:
-        code = exc.code()
-        if code == grpc.StatusCode.UNAVAILABLE:
-            channels.retire(address)
-        raise WorkerLost(f"worker {address}: {code.name}: {exc.details()}", retryable=code in RETRYABLE) from None
+    except ConnectionLost as exc:
+        raise WorkerLost(f"worker {address} ended the stream without finishing: {exc}") from None
     finally:
-        call.cancel()
-        channels.done(entry)
+        if clean:
+            connections.give_back(address, conn)
+        else:
+            conn.abort()  # the client left, or the stream broke: the worker aborts what it runs

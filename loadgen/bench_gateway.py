@@ -3,9 +3,9 @@
 1. Requests per second through the dispatcher: submit -> assign -> the worker's engine (zero step time)
    -> its per-step report over the real gRPC stream -> finish, with many requests in flight. Dispatcher
    and workers share this one process (and so its CPU), which makes the figure conservative.
-2. First-token latency through the whole gateway (HTTP -> Serve proxy -> ingress -> dispatcher actor ->
-   worker Generate over gRPC) against calling the same worker's Generate directly with a ticket, one
-   request at a time, the two alternating so both see the same machine.
+2. First-token latency through the whole gateway (HTTP -> front door -> ingress -> dispatcher ->
+   worker, over the data plane's frames) against sending the same worker a request directly with a
+   ticket, one request at a time, the two alternating so both see the same machine.
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ import statistics
 import time
 from typing import Any
 
-import grpc
-
 from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import TicketFields, sign, ticket_message
 from common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
 from dispatcher.core import SchedulerConfig
 from dispatcher.metrics import ServiceHistory
 from dispatcher.service import DispatcherService
+from ingress.generation import Outcome, WorkerConnections, stream_bytes
 from ingress.prometheus import render_prometheus
 from workers.engines.interface import GenerationParams
 from workers.engines.simulated import SimulatedEngine, StepTimeModel
@@ -102,12 +100,12 @@ def telemetry_overhead(requests: int, rounds: int = 3) -> dict[str, float]:
 
 def trace_one_request(i: int) -> None:
     """The spans of one request as the ingress and the worker make them (the context goes through the same
-    metadata inject/extract as over gRPC)."""
+    inject/extract as to a worker)."""
     trace = RequestTrace({"fairgate.request_id": f"r{i}", "fairgate.tenant": "t", "fairgate.prompt_tokens": 8})
     with trace.queue_span() as queue:
         trace.dispatched(queue, "w0", 1.0)
-    metadata = trace.start_generate("w0")
-    worker = tracer().start_span("fairgate.worker.generate", context=extract_context(metadata))
+    carried = trace.start_generate("w0")
+    worker = tracer().start_span("fairgate.worker.generate", context=extract_context(carried))
     trace.first_token()
     worker.set_attribute("fairgate.completion_tokens", 2)
     worker.end()
@@ -176,8 +174,8 @@ async def _alternate(
     headers = {"Authorization": f"Bearer {key}"}
     gateway_s: list[float] = []
     direct_s: list[float] = []
-    async with httpx.AsyncClient(timeout=30) as client, grpc.aio.insecure_channel(worker["address"]) as channel:
-        stub = rpc.WorkerStub(channel)
+    connections = WorkerConnections()
+    async with httpx.AsyncClient(timeout=30) as client:
         for i in range(samples + 5):
             t0 = time.perf_counter()
             async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
@@ -185,27 +183,28 @@ async def _alternate(
                     if line.startswith("data:") and '"text": " ' in line:
                         break
             t_gateway = time.perf_counter() - t0
-            t_direct = await _direct_first_token(stub, worker["id"], secret, f"direct-{i}")
+            t_direct = await _direct_first_token(connections, worker, secret, f"direct-{i}")
             if i >= 5:  # the first few warm up connections
                 gateway_s.append(t_gateway)
                 direct_s.append(t_direct)
+    await connections.close()
     return gateway_s, direct_s
 
 
-async def _direct_first_token(stub: rpc.WorkerStub, worker_id: str, secret: bytes, rid: str) -> float:
-    fields = TicketFields(rid, "bench", worker_id, time.time() + 30, prompt_tokens=1, max_tokens=1)
+async def _direct_first_token(connections: WorkerConnections, worker: dict[str, Any], secret: bytes, rid: str) -> float:
+    fields = TicketFields(rid, "bench", worker["id"], time.time() + 30, prompt_tokens=1, max_tokens=1)
     ticket = ticket_message(fields, sign(secret, fields))
     body = {"model": "bench", "prompt": "hello", "max_tokens": 1, "stream": True, "ignore_eos": True}
     request = pb.GenerateRequest(
         ticket=ticket, endpoint="completions", body=json.dumps(body).encode(), prompt_tokens=1, max_tokens=1, choices=1
     )
     t0 = time.perf_counter()
-    call = stub.Generate(request)
-    async for chunk in call:
-        if b'"text":"' in chunk.data.replace(b": ", b":") and b'"text":""' not in chunk.data.replace(b": ", b":"):
+    data = stream_bytes(connections, worker["address"], request, Outcome())
+    async for piece in data:
+        if b'"text":"' in piece.replace(b": ", b":") and b'"text":""' not in piece.replace(b": ", b":"):
             break
     elapsed = time.perf_counter() - t0
-    call.cancel()
+    await data.aclose()  # type: ignore[attr-defined]
     return elapsed
 
 

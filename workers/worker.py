@@ -1,9 +1,10 @@
-"""A worker replica's shell: one engine runner behind the real gRPC contracts.
+"""A worker replica's shell: one engine runner behind fairgate's contracts.
 
-It serves ``Worker.Generate`` on an ephemeral loopback port (checking the dispatcher's ticket before
-generating anything), drives its runner (the simulated engine or vLLM), and keeps one
-``Dispatcher.Connect`` stream: hello, one report per engine step, goodbye when draining; it obeys the
-dispatcher's drain and abort. Everything engine-specific lives in the runner.
+It serves the data plane (``GenerateRequest`` frames from the ingress, ``workers/generate_server.py``)
+on an ephemeral loopback port, checking the dispatcher's ticket before generating anything; drives its
+runner (the simulated engine or vLLM); and keeps one gRPC ``Dispatcher.Connect`` stream: hello, one
+report per engine step, goodbye when draining; it obeys the dispatcher's drain and abort. Everything
+engine-specific lives in the runner.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import grpc
 from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.rpc.server import start_server
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
 from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from workers.asgi_call import call_asgi
 from workers.engines.interface import Admission, ASGIApp, EngineRunner, StepReport, current_admission
+from workers.generate_server import GenerateServer
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Worker:
         self._released = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._server: grpc.aio.Server | None = None
+        self._server = GenerateServer(lambda request: generate(self, request))
         self._tickets = TicketBook()  # tickets served: each once
         self._salts: dict[str, str] = {}
         self.openai_app: ASGIApp | None = None  # the engine's own OpenAI layer, once started
@@ -97,8 +98,7 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        servicer = _WorkerServicer(self)
-        self._server, self.address = await start_server(rpc.add_WorkerServicer_to_server, servicer, self._host)
+        self.address = await self._server.start(self._host)
         await self.runner.start(self._on_step)
         self.openai_app = await self.runner.openai_app()
         self._tasks = [asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher")]
@@ -126,8 +126,7 @@ class Worker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
+        await self._server.stop(grace_s=0.5)
         await self.runner.stop()
 
     # ------------------------------------------------------------------ engine
@@ -255,91 +254,103 @@ class Worker:
             self.release(msg.abort.request_id)
 
 
-class _WorkerServicer(rpc.WorkerServicer):
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+class _Refused(Exception):
+    """The worker does not serve this request: the ingress gets a ``Refusal`` instead of bytes."""
 
-    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        """Serve one admitted OpenAI request with the engine's own OpenAI layer and relay its bytes."""
-        w = self.worker
-        t = request.ticket
-        fields = ticket_fields(t)
-        now = time.time()
-        problem = check(w._secret, fields, t.signature, w.worker_id, now)
-        if problem is None:
-            problem = check_size(fields, request.prompt_tokens, request.max_tokens)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
-        if t.request_id in w._running:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, "this request is already running here")
-        path = ENDPOINT_PATHS.get(request.endpoint)
-        if path is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown endpoint {request.endpoint!r}")
-        if not w._tickets.take(t.signature, t.expires_at, now):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "this ticket was used already")
-        try:
-            body = admitted_body(json.loads(request.body), request.max_tokens, request.choices, request.endpoint)
-        except (ValueError, RecursionError) as exc:  # BodyRefused, or JSON the ingress let through
-            w.settle_unreached(t.request_id)
-            yield _refusal(400, str(exc) if isinstance(exc, BodyRefused) else "the request body is not valid JSON")
-            return
-        body["cache_salt"] = w.cache_salt(t.cache_group or t.tenant)  # its sharing group's, else its own
-        span = tracer().start_span(
-            "fairgate.worker.generate",
-            context=extract_context(context.invocation_metadata()),
-            attributes={
-                "fairgate.request_id": t.request_id,
-                "fairgate.tenant": t.tenant,
-                "fairgate.worker": w.worker_id,
-                "fairgate.prompt_tokens": request.prompt_tokens,
-            },
-        )
-        w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
-        if len(w.generated) > GENERATED_KEPT:
-            w.generated.popitem(last=False)
-        running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
-        scope = contextvars.copy_context()
-        scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
-        response = None
-        assert w.openai_app is not None
-        try:
-            # the engine's layer names its response after this (vLLM: "chatcmpl-" + it): the gateway's id
-            headers = {
-                "content-type": "application/json",
-                "x-request-id": t.request_id.partition("-")[2] or t.request_id,
-            }
-            response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
-            first = True
-            async for piece in response.body:
-                chunk = pb.GenerateChunk(
-                    data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
-                )
-                if first:
-                    chunk.status, chunk.content_type, first = response.status, response.content_type, False
-                yield chunk
-            await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
-            yield pb.GenerateChunk(
-                status=response.status if first else 0,
-                content_type=response.content_type if first else "",
-                completion_tokens=running.reported,
-                prompt_tokens=running.prompt_tokens,
-                finish_reason=running.finish or ("stop" if response.status < 400 else "error"),
+    def __init__(self, code: str, detail: str, retryable: bool) -> None:
+        super().__init__(detail)
+        self.refusal = pb.Refusal(code=code, detail=detail, retryable=retryable)
+
+
+async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateChunk]:
+    """Serve one admitted OpenAI request with the engine's own OpenAI layer and yield its bytes as
+    chunks, the last one saying how it ended. A request the worker refuses gets one chunk naming why
+    (``refusal``). Closing the iterator early (the ingress left) aborts the request in the engine."""
+    try:
+        _check_ticket(w, request)
+    except _Refused as exc:
+        yield pb.GenerateChunk(refusal=exc.refusal)
+        return
+    t = request.ticket
+    try:
+        body = admitted_body(json.loads(request.body), request.max_tokens, request.choices, request.endpoint)
+    except (ValueError, RecursionError) as exc:  # BodyRefused, or JSON the ingress let through
+        w.settle_unreached(t.request_id)
+        yield _refusal(400, str(exc) if isinstance(exc, BodyRefused) else "the request body is not valid JSON")
+        return
+    body["cache_salt"] = w.cache_salt(t.cache_group or t.tenant)  # its sharing group's, else its own
+    span = tracer().start_span(
+        "fairgate.worker.generate",
+        context=extract_context(request.trace_context),
+        attributes={
+            "fairgate.request_id": t.request_id,
+            "fairgate.tenant": t.tenant,
+            "fairgate.worker": w.worker_id,
+            "fairgate.prompt_tokens": request.prompt_tokens,
+        },
+    )
+    w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
+    if len(w.generated) > GENERATED_KEPT:
+        w.generated.popitem(last=False)
+    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
+    scope = contextvars.copy_context()
+    scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
+    response = None
+    assert w.openai_app is not None
+    try:
+        # the engine's layer names its response after this (vLLM: "chatcmpl-" + it): the gateway's id
+        headers = {"content-type": "application/json", "x-request-id": t.request_id.partition("-")[2] or t.request_id}
+        path = ENDPOINT_PATHS[request.endpoint]
+        response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
+        first = True
+        async for piece in response.body:
+            chunk = pb.GenerateChunk(
+                data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
             )
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception:
-            log.exception("worker %s: the engine failed on %s", w.worker_id, t.request_id)
-            await context.abort(grpc.StatusCode.INTERNAL, "the engine failed on the request")
-        finally:
-            if response is not None:
-                await response.body.aclose()  # type: ignore[attr-defined]  # the client left: abort it now
-            ended = w._running.pop(t.request_id, None)
-            if not w.runner.pop_reached(t.request_id):
-                w.settle_unreached(t.request_id)
-            elif ended is not None:
-                w._remember_ended(t.request_id, ended, ended.reported)
-            span.set_attribute("fairgate.completion_tokens", running.reported)
-            span.end()
+            if first:
+                chunk.status, chunk.content_type, first = response.status, response.content_type, False
+            yield chunk
+        await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
+        yield pb.GenerateChunk(
+            status=response.status if first else 0,
+            content_type=response.content_type if first else "",
+            completion_tokens=running.reported,
+            prompt_tokens=running.prompt_tokens,
+            finish_reason=running.finish or ("stop" if response.status < 400 else "error"),
+        )
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception:
+        log.exception("worker %s: the engine failed on %s", w.worker_id, t.request_id)
+        yield pb.GenerateChunk(refusal=pb.Refusal(code="internal", detail="the engine failed on the request"))
+    finally:
+        if response is not None:
+            await response.body.aclose()  # type: ignore[attr-defined]  # the client left: abort it now
+        ended = w._running.pop(t.request_id, None)
+        if not w.runner.pop_reached(t.request_id):
+            w.settle_unreached(t.request_id)
+        elif ended is not None:
+            w._remember_ended(t.request_id, ended, ended.reported)
+        span.set_attribute("fairgate.completion_tokens", running.reported)
+        span.end()
+
+
+def _check_ticket(w: Worker, request: pb.GenerateRequest) -> None:
+    """A valid, unexpired ticket naming this worker, for no more than it admitted, used once."""
+    t = request.ticket
+    fields = ticket_fields(t)
+    now = time.time()
+    problem = check(w._secret, fields, t.signature, w.worker_id, now)
+    if problem is None:
+        problem = check_size(fields, request.prompt_tokens, request.max_tokens)
+    if problem is not None:
+        raise _Refused("permission_denied", problem, retryable=True)
+    if t.request_id in w._running:
+        raise _Refused("already_exists", "this request is already running here", retryable=False)
+    if request.endpoint not in ENDPOINT_PATHS:
+        raise _Refused("invalid_argument", f"unknown endpoint {request.endpoint!r}", retryable=False)
+    if not w._tickets.take(t.signature, t.expires_at, now):
+        raise _Refused("permission_denied", "this ticket was used already", retryable=True)
 
 
 def _refusal(status: int, message: str) -> pb.GenerateChunk:

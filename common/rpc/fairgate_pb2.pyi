@@ -6,6 +6,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AdmissionFrame(_message.Message):
+    __slots__ = ("token", "submit", "withdraw")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    submit: SubmitRequest
+    withdraw: str
+    def __init__(self, token: _Optional[str] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., withdraw: _Optional[str] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("request_id", "tenant", "prompt_tokens", "max_tokens", "retry", "key_hash", "model", "prefix", "block_tokens", "tier")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -31,7 +41,7 @@ class SubmitRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
-    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket")
+    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id")
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +49,7 @@ class SubmitReply(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     rejected: str
     message: str
     counter: float
@@ -46,7 +57,8 @@ class SubmitReply(_message.Message):
     worker_id: str
     address: str
     ticket: Ticket
-    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "report", "goodbye")
@@ -199,33 +211,54 @@ class Ticket(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices")
+    __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TICKET_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     ticket: Ticket
     endpoint: str
     body: bytes
     prompt_tokens: int
     max_tokens: int
     choices: int
-    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., endpoint: _Optional[str] = ..., body: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., choices: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, ticket: _Optional[_Union[Ticket, _Mapping]] = ..., endpoint: _Optional[str] = ..., body: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., choices: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("data", "status", "content_type", "completion_tokens", "prompt_tokens", "finish_reason")
+    __slots__ = ("data", "status", "content_type", "completion_tokens", "prompt_tokens", "finish_reason", "refusal")
     DATA_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     status: int
     content_type: str
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str
-    def __init__(self, data: _Optional[bytes] = ..., status: _Optional[int] = ..., content_type: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, data: _Optional[bytes] = ..., status: _Optional[int] = ..., content_type: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "detail", "retryable")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    detail: str
+    retryable: bool
+    def __init__(self, code: _Optional[str] = ..., detail: _Optional[str] = ..., retryable: _Optional[bool] = ...) -> None: ...

@@ -1,4 +1,5 @@
-"""The dispatcher service and simulated workers over real gRPC on loopback (no Ray)."""
+"""The dispatcher service and simulated workers on loopback (no Ray): the workers' real gRPC stream to the
+dispatcher, the data plane's and admission's real frames on TCP."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import asyncio
 import json
 import time
 
-import grpc
 import pytest
 
+from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import TicketFields, sign, ticket_message
 from dispatcher.core import LinearCost, SchedulerConfig
 from dispatcher.service import DispatcherService, Placement, Rejected
@@ -60,10 +60,34 @@ def completion_request(
     )
 
 
+class Refused(Exception):
+    """The worker answered with a ``Refusal`` instead of serving the request."""
+
+    def __init__(self, refusal: pb.Refusal) -> None:
+        super().__init__(f"{refusal.code}: {refusal.detail}")
+        self.code, self.detail, self.retryable = refusal.code, refusal.detail, refusal.retryable
+
+
+async def send_generate(address: str, request: pb.GenerateRequest) -> list[pb.GenerateChunk]:
+    """One request on a fresh data-plane connection, read to its last chunk."""
+    conn = await connect(address, FrameConnection)
+    try:
+        conn.send(request.SerializeToString())
+        chunks = []
+        while True:
+            chunk = pb.GenerateChunk.FromString(await conn.next_frame())
+            if chunk.HasField("refusal"):
+                raise Refused(chunk.refusal)
+            chunks.append(chunk)
+            if chunk.finish_reason:
+                return chunks
+    finally:
+        conn.abort()
+
+
 async def generate(placement: Placement, prompt: str, max_tokens: int, ignore_eos: bool = True):
-    async with grpc.aio.insecure_channel(placement.address) as channel:
-        request = completion_request(placement.ticket_message(), prompt, max_tokens, ignore_eos)
-        return [c async for c in rpc.WorkerStub(channel).Generate(request)]
+    request = completion_request(placement.ticket_message(), prompt, max_tokens, ignore_eos)
+    return await send_generate(placement.address, request)
 
 
 def text_of(data: bytes | list[bytes]) -> str:
@@ -113,9 +137,9 @@ def test_worker_refuses_generate_without_a_valid_ticket(tamper):
             fields = TicketFields("forged", "mallory", "w0", time.time() - 1, 10, 5)
             signature = sign(SECRET, fields)
         forged = Placement("forged", "w0", w.address, fields, signature)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        with pytest.raises(Refused) as err:
             await generate(forged, "hello", 5)
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert err.value.code == "permission_denied" and err.value.retryable
         assert not w.runner.has_work()
         await shutdown(service, workers)
 
@@ -295,7 +319,7 @@ def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
             await asyncio.sleep(0.01)
         victim = next(w for w in workers if w.worker_id == placement.worker_id)
         await victim.stop()
-        with pytest.raises(grpc.aio.AioRpcError):
+        with pytest.raises(ConnectionLost):
             await stream
         while victim.worker_id in service.scheduler.workers.slots:
             await asyncio.sleep(0.01)
@@ -348,14 +372,14 @@ def test_a_ticket_serves_once_and_no_more_than_it_admitted():
     async def scenario():
         service, workers = await cluster()
         placement = await service.submit("r1", "alice", 3, 5)
-        with pytest.raises(grpc.aio.AioRpcError) as err:  # more than was admitted (and charged for)
+        with pytest.raises(Refused) as err:  # more than was admitted (and charged for)
             await generate(placement, "one two three", 500)
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "admitted" in err.value.details()
+        assert err.value.code == "permission_denied" and "admitted" in err.value.detail
         chunks = await generate(placement, "one two three", 5)
         assert chunks[-1].finish_reason == "length"
-        with pytest.raises(grpc.aio.AioRpcError) as err:  # the same ticket again
+        with pytest.raises(Refused) as err:  # the same ticket again
             await generate(placement, "one two three", 5)
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED and "used" in err.value.details()
+        assert err.value.code == "permission_denied" and "used" in err.value.detail
         assert workers[0].generated["r1"] == 1
         await shutdown(service, workers)
 
@@ -383,18 +407,19 @@ def test_a_released_assignment_frees_its_reservation_at_once():
     asyncio.run(scenario())
 
 
-def test_one_request_failing_on_a_worker_never_ends_another_stream_on_the_same_channel():
-    """The ingress shares one channel per worker: a call refused by the worker (a bad ticket) or ended
-    by its client must leave every other call on that channel streaming."""
-    from ingress.generation import Outcome, WorkerChannels, WorkerLost, stream_bytes
+def test_one_request_failing_on_a_worker_never_ends_another_stream_and_connections_are_reused_clean():
+    """The ingress reuses its connections to a worker: a request refused by the worker (a bad ticket)
+    or ended by its client leaves every other request streaming; a connection goes back for the next
+    request only after a clean end (a refusal is one), never after its client left."""
+    from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 
     async def scenario():
         service, workers = await cluster()
-        channels = WorkerChannels()
+        connections = WorkerConnections()
         long = await service.submit("long", "alice", 3, 200)
         outcome = Outcome()
         request = completion_request(long.ticket_message(), "one two three", 200, prompt_tokens=3)
-        stream = stream_bytes(channels, long.address, request, outcome)
+        stream = stream_bytes(connections, long.address, request, outcome)
         pieces = [await anext(stream)]
         for tamper in ("signature", "too large"):
             bad = await service.submit(f"bad-{tamper}", "mallory", 3, 5)
@@ -402,20 +427,29 @@ def test_one_request_failing_on_a_worker_never_ends_another_stream_on_the_same_c
             if tamper == "signature":
                 ticket.signature = b"x" * 32
             bad_request = completion_request(ticket, "hi", 5 if tamper == "signature" else 50)
-            failing = stream_bytes(channels, bad.address, bad_request, Outcome())
+            failing = stream_bytes(connections, bad.address, bad_request, Outcome())
             with pytest.raises(WorkerLost) as err:
                 await anext(failing)
-            assert workers[0].address not in str(err.value) and "PERMISSION" not in str(err.value)
+            assert workers[0].address not in str(err.value) and "permission" not in str(err.value)
+            assert err.value.retryable and "permission_denied" in err.value.detail
             service.release(bad.request_id)
+        assert len(connections._idle[long.address]) == 1  # the refused requests' connection, reused
         quitter = await service.submit("quitter", "bob", 3, 200)
         q = completion_request(quitter.ticket_message(), "a b c", 200, ignore_eos=False, prompt_tokens=3)
-        leaving = stream_bytes(channels, quitter.address, q, Outcome())
+        leaving = stream_bytes(connections, quitter.address, q, Outcome())
         await anext(leaving)
-        await leaving.aclose()  # its client left
+        await leaving.aclose()  # its client left: its connection is closed, the worker aborts it
+        assert len(connections._idle[long.address]) == 0
         pieces += [piece async for piece in stream]
         assert outcome.finish_reason == "length" and outcome.completion_tokens == 200
         assert count_tokens(text_of(pieces)) == 200
-        await channels.close()
+        assert len(connections._idle[long.address]) == 1  # the long request ended cleanly
+        for _ in range(200):
+            if "quitter" not in workers[0]._running:
+                break
+            await asyncio.sleep(0.01)
+        assert "quitter" not in workers[0]._running and not workers[0].runner.has_work()
+        await connections.close()
         await shutdown(service, workers)
 
     asyncio.run(scenario())
@@ -500,8 +534,7 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
             max_tokens=5,
             choices=1,
         )
-        async with grpc.aio.insecure_channel(placement.address) as channel:
-            chunks = [c async for c in rpc.WorkerStub(channel).Generate(request)]
+        chunks = await send_generate(placement.address, request)
         answer = json.loads(b"".join(c.data for c in chunks))
         assert answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["finish_reason"] == "length"
         assert answer["id"] == "r-admitted" and "chosen-by-client" not in workers[0].generated
@@ -519,8 +552,7 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
             max_tokens=5,
             choices=1,
         )
-        async with grpc.aio.insecure_channel(refused.address) as channel:
-            chunks = [c async for c in rpc.WorkerStub(channel).Generate(bad)]
+        chunks = await send_generate(refused.address, bad)
         assert chunks[0].status == 400 and json.loads(b"".join(c.data for c in chunks))["error"]["param"]
         for _ in range(100):  # never reached the engine: freed and refunded at once
             if not service.scheduler.in_flight():
@@ -596,13 +628,15 @@ async def _admission_token_and_placement():
         assert submits.calls[1][-1] == ""  # an empty tier is the client's, not absent
         assert (await client.submit(pb.SubmitRequest(request_id="r3", tenant="nobody"))).rejected == "unknown_key"
 
-        for token in ((), (("x-fairgate-ingress", "guess"),)):  # a tenant reaching the port has no token
-            async with grpc.aio.insecure_channel(address) as channel:
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await rpc.AdmissionStub(channel).Submit(
-                        pb.SubmitRequest(request_id="x", tenant="alice"), metadata=token
-                    )
-            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        submit = pb.AdmissionFrame(submit=pb.SubmitRequest(request_id="x", tenant="alice"))
+        for first in (submit, pb.AdmissionFrame(token="guess")):  # a tenant reaching the port has no token
+            conn = await connect(address, FrameConnection)
+            conn.send(first.SerializeToString())
+            conn.send(submit.SerializeToString())
+            refused = pb.SubmitReply.FromString(await conn.next_frame())
+            assert refused.rejected == "permission_denied" and not refused.request_id
+            with pytest.raises(ConnectionLost):  # and the connection is closed
+                await conn.next_frame()
         assert [c[0] for c in submits.calls] == ["r1", "r2", "r3"]
     finally:
         await server.stop()

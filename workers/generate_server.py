@@ -1,0 +1,93 @@
+"""The worker's data-plane endpoint: ingress replicas connect, send a ``GenerateRequest`` frame, and
+read ``GenerateChunk`` frames until the last one (``common/frames.py``).
+
+One request at a time per connection, so TCP's own flow control is each stream's (a slow client slows
+only its own request) and a connection that closes mid-request means its client left: the request is
+aborted in the engine at once. A finished connection waits for the ingress's next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from google.protobuf.message import DecodeError
+
+from common.frames import ConnectionLost, FrameConnection, listen
+from common.rpc import fairgate_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+Serve = Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]]
+
+
+class _GenerateConnection(FrameConnection):
+    def __init__(self, serve: Serve, open_connections: set[_GenerateConnection]) -> None:
+        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
+        self._serve = serve
+        self._open = open_connections
+        self._task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._open.add(self)
+
+    def _on_frame(self, frame: bytes) -> None:
+        if self._task is not None and not self._task.done():
+            self.abort()  # a second request while one runs: not an ingress of ours
+            return
+        try:
+            request = pb.GenerateRequest.FromString(frame)
+        except DecodeError:
+            self.abort()
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(request))
+
+    async def _run(self, request: pb.GenerateRequest) -> None:
+        chunks = self._serve(request)
+        try:
+            async for chunk in chunks:
+                self.send(chunk.SerializeToString())
+                await self.drain()
+        except ConnectionLost:
+            pass  # the ingress left: closing the chunks below aborts the request
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    def _on_lost(self, _exc: Exception | None) -> None:
+        self._open.discard(self)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+
+class GenerateServer:
+    """Listens on ``host`` (any free port); ``serve`` answers each request."""
+
+    def __init__(self, serve: Serve) -> None:
+        self._serve = serve
+        self._server: asyncio.Server | None = None
+        self._connections: set[_GenerateConnection] = set()
+        self.address = ""
+
+    async def start(self, host: str) -> str:
+        self._server, self.address = await listen(host, lambda: _GenerateConnection(self._serve, self._connections))
+        return self.address
+
+    async def stop(self, grace_s: float = 0.5) -> None:
+        """Take no new connections; give running requests ``grace_s`` to end, then cut them."""
+        if self._server is None:
+            return
+        self._server.close()
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self._busy() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self._connections):
+            conn.abort()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        self._server = None
+
+    def _busy(self) -> bool:
+        return any(c._task is not None and not c._task.done() for c in self._connections)
