@@ -16,7 +16,7 @@ import hashlib
 import heapq
 import hmac
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from common.rpc import fairgate_pb2 as pb
 
@@ -51,7 +51,17 @@ def sign(secret: bytes, fields: TicketFields) -> bytes:
 
 def ticket_message(fields: TicketFields, signature: bytes) -> pb.Ticket:
     """The ticket as it travels to the worker (``GenerateRequest.ticket``)."""
-    return pb.Ticket(**asdict(fields), signature=signature)
+    f = fields  # field by field: ``dataclasses.asdict`` deep-copies, once per request
+    return pb.Ticket(
+        request_id=f.request_id,
+        tenant=f.tenant,
+        worker_id=f.worker_id,
+        expires_at=f.expires_at,
+        prompt_tokens=f.prompt_tokens,
+        max_tokens=f.max_tokens,
+        cache_group=f.cache_group,
+        signature=signature,
+    )
 
 
 def ticket_fields(ticket: pb.Ticket) -> TicketFields:
