@@ -8,8 +8,9 @@ Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process befo
 ``ray_environment`` is what ``fairgate serve``, the benchmarks and the tests set before Ray starts (it
 also keeps Ray's worker processes at normal priority).
 
-The front door (``FAIRGATE_FRONT_DOOR``): ``haproxy`` (the default: Ray Serve's HAProxy ingress,
-forwarding straight to the ingress replicas' own HTTP servers; measured faster, see the README) or
+The front door (``FAIRGATE_FRONT_DOOR``) on one machine: ``direct`` (the default: each ingress replica
+serves the gateway's port itself, ``ingress/listener.py``; measured fastest, see the README),
+``haproxy`` (Ray Serve's HAProxy ingress, forwarding to Serve's HTTP server in each ingress replica) or
 ``serve`` (Serve's Python HTTP proxy). HAProxy's files go to a folder of this run, and the haproxy
 process, which does not end with the Ray cluster that started it, is stopped when this process exits.
 """
@@ -43,12 +44,12 @@ def bind_host() -> str:
 
 
 FRONT_DOOR_ENV = "FAIRGATE_FRONT_DOOR"
-FRONT_DOORS = ("haproxy", "serve")
+FRONT_DOORS = ("direct", "haproxy", "serve")
 HAPROXY_DIR_ENV = "FAIRGATE_HAPROXY_DIR"
 
 
 def front_door() -> str:
-    door = os.environ.get(FRONT_DOOR_ENV) or "haproxy"
+    door = os.environ.get(FRONT_DOOR_ENV) or "direct"
     if door not in FRONT_DOORS:
         raise ValueError(f"{FRONT_DOOR_ENV} must be one of {', '.join(FRONT_DOORS)}, got {door!r}")
     return door

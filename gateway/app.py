@@ -13,7 +13,7 @@ import ray
 from ray import serve
 
 from common.config import GatewayConfig, WorkerSettings
-from common.loopback import ray_environment
+from common.loopback import front_door, ray_environment
 from dispatcher.actor import dispatcher_settings
 from ingress.deployment import Ingress
 from workers.autoscaling import POLICY_PATH
@@ -21,7 +21,9 @@ from workers.deployment import WorkerReplica
 from workers.engines import engine_for
 
 
-def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Application:
+def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | None = None) -> serve.Application:
+    """``listen``: host:port for the direct front door (each ingress replica's own HTTP server there);
+    None: Serve's front door brings the requests."""
     g = config.plain()
     pools = []
     for i, m in enumerate(config.models):
@@ -32,7 +34,7 @@ def build_app(app_name: str, config: GatewayConfig, secret: str) -> serve.Applic
                 app_name, dispatcher_settings(g), {**workers, "telemetry": g["telemetry"]}, secret, m.name
             )
         )
-    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, pools)
+    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, pools, listen)
 
 
 def worker_deployment_name(index: int, model: str) -> str:
@@ -91,11 +93,18 @@ def start_local_ray(num_cpus: int | None = None) -> None:
 
 
 def run_app(app_name: str, config: GatewayConfig, secret: str, port: int, route_prefix: str = "/") -> str:
-    """Start Serve on 127.0.0.1:``port`` (if not yet started) and deploy the application; returns once
-    the front door routes to it."""
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(app_name, config, secret), name=app_name, route_prefix=route_prefix)
-    url = f"http://127.0.0.1:{port}{route_prefix.rstrip('/')}"
+    """Deploy the application behind the front door (``FAIRGATE_FRONT_DOOR``) on 127.0.0.1:``port``:
+    the ingress replicas' own server (direct, no route prefix), or Serve's, started if it is not yet;
+    returns the gateway's URL once requests reach it."""
+    if front_door() == "direct":
+        serve.start(proxy_location="Disabled")
+        listen = f"127.0.0.1:{port}"
+        serve.run(build_app(app_name, config, secret, listen), name=app_name, route_prefix=None)
+        url = f"http://{listen}"
+    else:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(app_name, config, secret), name=app_name, route_prefix=route_prefix)
+        url = f"http://127.0.0.1:{port}{route_prefix.rstrip('/')}"
     wait_until_routed(url)
     return url
 

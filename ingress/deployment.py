@@ -33,6 +33,7 @@ from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 from ingress.http_app import ASGIApp, ByteRelay, build_http_app
+from ingress.listener import DirectListener
 from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_json
 from ingress.pools import ModelPools
 from ingress.prometheus import CONTENT_TYPE, render_prometheus
@@ -67,14 +68,22 @@ def _sse_error(error: ApiError) -> bytes:
 SAME_LOOP = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 
 
+GRACEFUL_SHUTDOWN_S = 120  # a replica going away finishes the streams it relays, for up to this long
+
+
 @serve.deployment(
     ray_actor_options={"num_cpus": 0, "runtime_env": SAME_LOOP},
     max_ongoing_requests=10_000,
+    graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 @serve.ingress()
 class Ingress:
-    def __init__(self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None) -> None:
+    def __init__(
+        self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None, listen: str | None = None
+    ) -> None:
+        """``listen``: host:port of the direct front door (``ingress/listener.py``); None when Serve's
+        own front door (its proxy or HAProxy) brings the requests."""
         configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
         self._pools = ModelPools(gateway)
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
@@ -90,12 +99,28 @@ class Ingress:
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
         self._classes = bool(gateway.get("classes"))  # responses then name the tier they were served in
         self._snapshot: tuple[float, dict[str, Any]] | None = None
+        self._listen = listen
+        self._listener: DirectListener | None = None
+
+    async def __serve_build_asgi_app__(self) -> ASGIApp:
+        """The replica's ASGI app (generation served directly, the rest through FastAPI), also served on
+        the direct front door's port when there is one."""
+        app = build_http_app(self)
+        if self._listen:
+            self._listener = DirectListener(app, self._listen)
+            await self._listener.start()
+        return app
+
+    async def check_health(self) -> None:
+        if self._listener is not None and not self._listener.healthy():
+            raise RuntimeError("the ingress's HTTP server has stopped")
+
+    async def __del__(self) -> None:
+        """Going away (scaled down, redeployed, shut down): take no new connections, finish what runs."""
+        if self._listener is not None:
+            await self._listener.stop(GRACEFUL_SHUTDOWN_S - 10)
 
     # ------------------------------------------------------------------ routes
-
-    def __serve_build_asgi_app__(self) -> ASGIApp:
-        """The replica's ASGI app: generation served directly, the rest through FastAPI."""
-        return build_http_app(self)
 
     def add_routes(self, app: FastAPI) -> None:
         for path, endpoint, methods, status in (

@@ -33,8 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     srv.add_argument("--kv-tokens", type=int, help="KV pool per worker, in tokens")
     srv.add_argument(
         "--front-door",
-        choices=("haproxy", "serve"),
-        help="Ray Serve's HAProxy ingress (default) or Serve's Python HTTP proxy (or FAIRGATE_FRONT_DOOR)",
+        choices=("direct", "haproxy", "serve"),
+        help="the ingress replicas' own HTTP server (default), Ray Serve's HAProxy ingress or Serve's Python "
+        "HTTP proxy (or FAIRGATE_FRONT_DOOR)",
     )
     return srv
 

@@ -17,13 +17,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from common.config import GatewayConfig
+from common.loopback import front_door
 from dispatcher.actor import dispatcher_name
 from gateway.app import build_app, wait_until_routed
 from gateway.config import parse_config
+from tests.conftest import free_port
 
 
 @dataclass
 class Gateway:
+    """A deployed gateway. ``base_url`` is its front door's (the direct one by default: the ingress
+    replicas' own server on a port of this gateway's); ``proxied_url`` reaches the same application
+    through Serve's own front door (the session's, under the route prefix ``/<name>``)."""
+
     name: str
     base_url: str
     keys: dict[str, str]
@@ -31,6 +37,8 @@ class Gateway:
     secret: str
     raw: dict[str, Any]
     admin_key: str = ""
+    listen: str | None = None
+    proxied_url: str = ""
 
     def stats(self, model: str | None = None) -> dict[str, Any]:
         """The dispatcher's stats of one model pool (None: the first model's)."""
@@ -40,7 +48,8 @@ class Gateway:
     def redeploy(self, workers: int) -> None:
         raw = dict(self.raw, workers={**self.raw["workers"], "count": workers})
         config, _ = parse_config(raw)
-        serve.run(build_app(self.name, config, self.secret), name=self.name, route_prefix=f"/{self.name}")
+        app = build_app(self.name, config, self.secret, self.listen)
+        serve.run(app, name=self.name, route_prefix=f"/{self.name}")
 
     def delete(self) -> None:
         serve.delete(self.name)
@@ -125,9 +134,13 @@ def deploy(
         raw["models"] = [{**m, "workers": {**base, **m.get("workers", {})}} for m in models]
     config, _ = parse_config(raw)
     secret = secrets.token_hex(16)
-    serve.run(build_app(name, config, secret), name=name, route_prefix=f"/{name}")
-    wait_until_routed(f"http://127.0.0.1:{port}/{name}")
-    return Gateway(name, f"http://127.0.0.1:{port}/{name}/v1", keys, config, secret, raw, admin_key)
+    listen = f"127.0.0.1:{free_port()}" if front_door() == "direct" else None
+    serve.run(build_app(name, config, secret, listen), name=name, route_prefix=f"/{name}")
+    proxied = f"http://127.0.0.1:{port}/{name}"
+    base = f"http://{listen}" if listen else proxied
+    wait_until_routed(base)
+    wait_until_routed(proxied)
+    return Gateway(name, base + "/v1", keys, config, secret, raw, admin_key, listen, proxied + "/v1")
 
 
 # ----------------------------------------------------------------------------- load

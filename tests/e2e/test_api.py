@@ -1,4 +1,5 @@
-"""The OpenAI API end to end: real Ray, real Serve HTTP, real gRPC, the official ``openai`` client."""
+"""The OpenAI API end to end: real Ray, real HTTP (the direct front door, and Serve's), real gRPC and
+frames, the official ``openai`` client."""
 
 from __future__ import annotations
 
@@ -148,10 +149,11 @@ def test_identity_comes_only_from_the_key(gw):
     assert before["carol"]["finished"] >= 1
 
 
-def test_client_disconnect_mid_stream_aborts_at_the_worker(gw):
+@pytest.mark.parametrize("door", ["base_url", "proxied_url"], ids=["direct", "serve-proxy"])
+def test_client_disconnect_mid_stream_aborts_at_the_worker(gw, door):
     headers = {"Authorization": f"Bearer {gw.keys['alice']}"}
     body = {"model": "fairgate-sim", "prompt": "long", "max_tokens": 450, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", gw.base_url + "/completions", json=body, headers=headers, timeout=30) as r:
+    with httpx.stream("POST", getattr(gw, door) + "/completions", json=body, headers=headers, timeout=30) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
                 break  # got the first chunk; now hang up
@@ -160,3 +162,22 @@ def test_client_disconnect_mid_stream_aborts_at_the_worker(gw):
     stats = wait_idle(gw, timeout_s=3.0)
     assert stats["in_flight"] == 0 and time.monotonic() - start < 3.0
     assert all(w["committed"] == 0 for w in stats["workers"])
+
+
+def test_serves_the_same_behind_serves_own_front_door(gw):
+    """The application answers the same through Serve's proxy (the Kubernetes deployment's front door)."""
+    proxied = openai.OpenAI(base_url=gw.proxied_url, api_key=gw.keys["alice"], max_retries=0, timeout=60)
+    r = proxied.completions.create(model="fairgate-sim", prompt="one two", max_tokens=4, extra_body=IGNORE_EOS)
+    assert r.usage.completion_tokens == 4 and r.usage.prompt_tokens == 2
+    chunks = list(
+        proxied.chat.completions.create(
+            model="fairgate-sim",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            extra_body=IGNORE_EOS,
+        )
+    )
+    assert count_tokens("".join(c.choices[0].delta.content or "" for c in chunks)) == 3
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.proxied_url, api_key="fg-nobody-" + "x" * 16, max_retries=0).models.list()

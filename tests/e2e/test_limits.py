@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 
@@ -62,3 +63,33 @@ def test_queue_caps_and_queue_timeout(gw):
 
 def test_a_request_served_in_time_is_not_expired(gw):
     assert asyncio.run(_ask(gw, "bob", 5)) == 5
+
+
+@pytest.mark.parametrize("door", ["base_url", "proxied_url"], ids=["direct", "serve-proxy"])
+def test_a_client_that_leaves_while_queued_withdraws_its_request(gw, door):
+    """A client gone while its request waits in the dispatcher's queue (nothing reads from its
+    connection then): the front door notices, and the request is withdrawn, never run."""
+
+    async def scenario():
+        running = asyncio.create_task(_ask(gw, "alice", 15))  # 45 of the worker's 100 KV tokens for 1.5 s
+        await _until(lambda s: s["in_flight"] == 1)
+        body = {"model": "fairgate-sim", "prompt": "word " * 30, "max_tokens": 40, "ignore_eos": True}  # 70 more
+        headers = {"Authorization": f"Bearer {gw.keys['carol']}"}
+        async with httpx.AsyncClient(timeout=30, headers=headers) as client:
+            leaving = asyncio.create_task(client.post(getattr(gw, door) + "/completions", json=body))
+            await _until(lambda s: s["tenants"]["carol"]["queued"] == 1)
+            leaving.cancel()  # the client closes its connection while queued
+        await _until(lambda s: s["tenants"]["carol"]["queued"] == 0)
+        still_running = not running.done()
+        return await running, still_running, await asyncio.to_thread(gw.stats)
+
+    async def _until(condition, timeout_s: float = 10.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not condition(await asyncio.to_thread(gw.stats)):
+            assert asyncio.get_running_loop().time() < deadline, "the gateway never got there"
+            await asyncio.sleep(0.02)
+
+    served, still_running, stats = asyncio.run(scenario())
+    assert served == 15 and still_running  # withdrawn while the worker was still busy
+    carol = stats["tenants"]["carol"]
+    assert carol["queued"] == 0 and carol["finished"] == 0 and stats["pending_submits"] == 0
