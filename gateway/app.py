@@ -34,7 +34,24 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
                 app_name, dispatcher_settings(g), {**workers, "telemetry": g["telemetry"]}, secret, m.name
             )
         )
-    return Ingress.options(num_replicas=config.ingress.replicas).bind(app_name, g, secret, pools, listen)
+    ingress = Ingress.options(num_replicas=config.ingress.replicas)
+    return ingress.bind(app_name, ingress_view(g), secret, pools, listen)
+
+
+# How each pool's replicas are run: none of the ingress's business. Left out of what the ingress is built
+# from, so that a change of them (a worker count) redeploys the workers without replacing the ingress
+# replicas, and their clients' connections.
+REPLICA_FIELDS = ("count", "num_gpus", "num_cpus", "autoscaling", "graceful_shutdown_s")
+
+
+def ingress_view(g: dict[str, Any]) -> dict[str, Any]:
+    def engine_only(workers: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in workers.items() if k not in REPLICA_FIELDS}
+
+    return g | {
+        "workers": engine_only(g["workers"]),
+        "models": [m | {"workers": engine_only(m["workers"])} for m in g["models"]],
+    }
 
 
 def worker_deployment_name(index: int, model: str) -> str:

@@ -75,6 +75,7 @@ GRACEFUL_SHUTDOWN_S = 120  # a replica going away finishes the streams it relays
     ray_actor_options={"num_cpus": 0, "runtime_env": SAME_LOOP},
     max_ongoing_requests=10_000,
     graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
+    max_surge_percent=100,  # a redeploy starts the new replicas first: the port is never without a listener
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 @serve.ingress()

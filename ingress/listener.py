@@ -10,6 +10,11 @@ the requests it holds.
 
 A client that disconnects is noticed here (``cancel_on_disconnect``): the request is cancelled, which
 withdraws it from the dispatcher's queue or aborts it at its worker, as Serve's front doors do.
+
+A replica replaced (a redeploy starts its successor first: ``max_surge_percent``) drains without
+losing a request: it stops accepting, answers what arrives on its open connections with
+``Connection: close`` (so clients reconnect to the successor), closes the connections left idle, and
+finishes what runs.
 """
 
 from __future__ import annotations
@@ -70,14 +75,19 @@ def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
     return watched
 
 
+DRAIN_IDLE_S = 2.0  # a draining replica closes connections idle this long (their clients reconnect elsewhere)
+CLOSE = (b"connection", b"close")
+
+
 class DirectListener:
     """An HTTP server for ``app`` on ``host:port``, shared with the other replicas there."""
 
     def __init__(self, app: ASGIApp, address: str) -> None:
         host, _, port = address.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
+        self.draining = False
         config = uvicorn.Config(
-            cancel_on_disconnect(app),
+            self._closing_when_draining(cancel_on_disconnect(app)),
             host=self.host,
             port=self.port,
             loop="none",
@@ -105,17 +115,38 @@ class DirectListener:
                 raise RuntimeError(f"the ingress's HTTP server on {self.host}:{self.port} stopped at its start")
             await asyncio.sleep(0.01)
 
+    def _closing_when_draining(self, app: ASGIApp) -> ASGIApp:
+        """Once draining, every response asks its client to close the connection after it."""
+
+        async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            async def send_closing(message: dict[str, Any]) -> None:
+                if self.draining and message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+                await send(message)
+
+            await app(scope, receive, send_closing)
+
+        return served
+
     def healthy(self) -> bool:
         return self._task is not None and not self._task.done()
 
     async def stop(self, timeout_s: float) -> None:
-        """Stop accepting now; let the requests in progress finish within ``timeout_s``, then cut them."""
+        """Drain, then stop: no new connections (the other replicas on this port take them); requests
+        on open connections still served, each answer closing its connection; after ``DRAIN_IDLE_S``
+        the connections left idle are closed, and the requests in progress get until ``timeout_s``."""
         if self._task is None:
             return
+        self.draining = True
         for server in getattr(self._server, "servers", []):
-            server.close()  # no new connections: the other replicas on this port take them
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._server.server_state.tasks and asyncio.get_running_loop().time() < deadline:
+            server.close()
+        loop = asyncio.get_running_loop()
+        state = self._server.server_state
+        idle_until = loop.time() + DRAIN_IDLE_S
+        while state.connections and loop.time() < idle_until:
+            await asyncio.sleep(0.05)
+        deadline = loop.time() + timeout_s
+        while state.tasks and loop.time() < deadline:
             await asyncio.sleep(0.1)
         self._server.should_exit = True
         self._server.force_exit = True

@@ -1,15 +1,15 @@
 """``fairgate bench openai``: the gateway against its engine's own OpenAI server, same engine, one run.
 
-The same real client (streaming chat with usage, closed loops) is driven at the engine served alone,
-then through the whole gateway (HTTP -> front door -> ingress -> dispatcher -> worker, whose engine
-layer writes the bytes the ingress relays) to one worker with the same settings. For vLLM the engine
-served alone is the engine plug-in's reference server: vLLM's own OpenAI server, or the simulated
-engine's own layer under uvicorn (``workers.engine_server``). A third arm, the floor, serves the same
-engine layer in one bare Ray Serve replica behind the same front door, nothing of fairgate around it
-(``workers.engine_on_serve``): what Serve's request path costs before the gateway does anything.
-Each arm runs alone on the machine. Figures per arm:
-output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token latency
-at light load (one stream), and short requests/s (one output token each, not streamed).
+The same real client (streaming chat with usage, closed loops; then one stream; then short 1-token
+completions) is driven at the engine served alone, then through the whole gateway (HTTP -> front door
+-> ingress -> dispatcher -> worker, whose engine layer writes the bytes the ingress relays) to one
+worker with the same settings, once per front door asked for. The engine served alone is the engine
+plug-in's reference server: vLLM's own OpenAI server, or the simulated engine's own layer under
+uvicorn (``workers.engine_server``). Each gateway arm is ``fairgate serve`` as users start it, in a
+process (and Ray cluster) of its own, so each arm runs alone on the machine. Each phase uses a client of
+its own (its connection pool sized for it). Figures per arm: output tokens/s and first-token latency
+(median, p99) at ``concurrency`` streams, first-token latency at light load (one stream), and short
+requests/s (one output token each, not streamed, ``short_concurrency`` at once).
 """
 
 from __future__ import annotations
@@ -17,17 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
+from common.loopback import FRONT_DOOR_ENV
 from workers.engines import engine_for
+
+# Settings of a cluster's HAProxy that an arm's process must not inherit: it starts a cluster of its own.
+CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRGATE_HAPROXY")
 
 PROMPT = "Tell me about the tenants that share this cluster and how the queue serves them."
 
@@ -98,7 +108,6 @@ async def _closed_loops(n: int, total: int, one) -> tuple[list[Any], int, float]
 
 async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
     headers = {"Authorization": f"Bearer {api_key}"}
-    limits = httpx.Limits(max_connections=max(config.concurrency, config.short_concurrency) + 4)
     chat = {
         "model": config.model,
         "messages": [{"role": "user", "content": PROMPT}],
@@ -109,18 +118,25 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
     }
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
-    async with httpx.AsyncClient(timeout=300, headers=headers, limits=limits) as client:
-        await _closed_loops(4, 8, lambda: _stream_one(client, url, chat))  # warm up both ways
-        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(client, url, chat))
+
+    def client(connections: int) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(timeout=300, headers=headers, limits=limits)
+
+    async with client(config.concurrency) as c:
+        await _closed_loops(4, 8, lambda: _stream_one(c, url, chat))  # warm up both ways
+        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(c, url, chat))
         loaded, errors, seconds = await _closed_loops(
-            config.concurrency, config.requests, lambda: _stream_one(client, url, chat)
+            config.concurrency, config.requests, lambda: _stream_one(c, url, chat)
         )
+    async with client(config.short_concurrency) as c:
 
         async def one_short() -> int:
-            r = await client.post(base_url + "/completions", json=short)
+            r = await c.post(base_url + "/completions", json=short)
             r.raise_for_status()
             return 1
 
+        await _closed_loops(config.short_concurrency, config.short_concurrency, one_short)  # its connections
         done, short_errors, short_s = await _closed_loops(config.short_concurrency, config.short_requests, one_short)
     ttfts = sorted(t for t, _ in loaded)
     return ArmResult(
@@ -133,101 +149,88 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
     )
 
 
-# ----------------------------------------------------------------------------- the two arms
+# ----------------------------------------------------------------------------- the arms
 
 
 @contextlib.contextmanager
-def through_gateway(config: OpenAIBenchConfig, port: int) -> Iterator[tuple[str, str]]:
-    """A one-worker gateway on local Ray with the same engine settings; yields (base URL, API key)."""
-    import ray
-    from ray import serve
-
-    from dispatcher.actor import dispatcher_name
-    from gateway.app import run_app, start_local_ray
-    from gateway.config import parse_config
-
+def through_gateway(
+    config: OpenAIBenchConfig, port: int, front_door: str, log: Path | None = None
+) -> Iterator[tuple[str, str]]:
+    """``fairgate serve`` behind ``front_door`` with one worker of the same engine settings, in a
+    process of its own until the block ends; yields (base URL, API key)."""
     key = "fg-bench-" + secrets.token_hex(12)
-    workers = {"count": 1, "engine": config.engine, **config.settings}
-    raw = {
+    gateway = {
         "model": config.model,
-        "workers": workers,
+        "workers": {"count": 1, "engine": config.engine, **config.settings},
         "ingress": {"max_model_len": 1 << 20},
         "limits": {"max_queued_per_tenant": 100_000},
         "tenants": [{"name": "bench", "api_key": key}],
     }
-    gateway, _ = parse_config(raw)
-    start_local_ray()
-    url = run_app("bench-openai", gateway, secrets.token_hex(16), port, route_prefix="/")
-    try:
-        yield url + "/v1", key
-    finally:
-        serve.delete("bench-openai")
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(dispatcher_name("bench-openai"), namespace="fairgate"))
-        serve.shutdown()
+    with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp:
+        path = Path(tmp) / "gateway.yaml"
+        path.write_text(yaml.safe_dump(gateway))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
+        env[FRONT_DOOR_ENV] = front_door
+        command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(port)]
+        out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            base = f"http://127.0.0.1:{port}/v1"
+            _wait_for_engine(base, config.model, key, proc)
+            yield base, key
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+            if log is not None:
+                out.close()  # type: ignore[union-attr]
 
 
-@contextlib.contextmanager
-def on_bare_serve(config: OpenAIBenchConfig, port: int) -> Iterator[str]:
-    """The engine's layer in one bare Serve replica behind the front door; yields its base URL."""
-    from ray import serve
-
-    from gateway.app import start_local_ray
-    from workers.engine_on_serve import EngineOnServe
-
-    start_local_ray()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(EngineOnServe.bind(config.engine, config.settings, config.model), name="bench-floor", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_engine(url + "/v1", config.model)
-        yield url + "/v1"
-    finally:
-        serve.delete("bench-floor")
-        serve.shutdown()
-
-
-def _wait_for_engine(base: str, model: str, timeout_s: float = 300.0) -> None:
-    """Until one completion comes back through the front door (its routes and the engine come late)."""
+def _wait_for_engine(base: str, model: str, key: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:
+    """Until one completion comes back (the routes, the workers and the engine come late)."""
     deadline = time.monotonic() + timeout_s
     body = {"model": model, "prompt": "hello", "max_tokens": 1}
     while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fairgate serve exited with {proc.returncode} before it served")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(base + "/completions", json=body, timeout=30).status_code == 200:
+            r = httpx.post(base + "/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            if r.status_code == 200:
                 return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the engine on Serve at {base} did not answer within {timeout_s:.0f} s")
-        time.sleep(0.3)
+            raise RuntimeError(f"the gateway at {base} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
-ARMS = ("alone", "serve_floor", "gateway")
-
-
-def bench_openai(config: OpenAIBenchConfig, log_dir: Path | None = None, rounds: int = 2) -> dict[str, Any]:
-    """The three arms (the engine alone, the floor, the gateway), alternating ``rounds`` times, each
+def bench_openai(
+    config: OpenAIBenchConfig, front_doors: Sequence[str] = ("direct",), log_dir: Path | None = None, rounds: int = 2
+) -> dict[str, Any]:
+    """The engine alone and the gateway behind each front door, alternating ``rounds`` times, each
     alone on the machine (a pause between arms lets the previous one's processes go); per arm the
-    median of its rounds, and the ratios to the engine alone."""
-    runs: dict[str, list[ArmResult]] = {arm: [] for arm in ARMS}
+    median of its rounds, and each gateway arm's ratios to the engine alone."""
+    arms = ["alone", *front_doors]
+    runs: dict[str, list[ArmResult]] = {arm: [] for arm in arms}
     for i in range(rounds):
         alone_log = log_dir / f"engine-alone-{i}.log" if log_dir is not None else None
         plugin = engine_for(config.engine)
         with plugin.reference_server(plugin.settings(config.settings), config.model, _free_port(), alone_log) as base:
             runs["alone"].append(asyncio.run(measure(base, "none", config)))
         time.sleep(5)
-        with on_bare_serve(config, _free_port()) as base:
-            runs["serve_floor"].append(asyncio.run(measure(base, "none", config)))
-        time.sleep(5)
-        with through_gateway(config, _free_port()) as (base, key):
-            runs["gateway"].append(asyncio.run(measure(base, key, config)))
-        time.sleep(5)
+        for door in front_doors:
+            log = log_dir / f"gateway-{door}-{i}.log" if log_dir is not None else None
+            with through_gateway(config, _free_port(), door, log) as (base, key):
+                runs[door].append(asyncio.run(measure(base, key, config)))
+            time.sleep(5)
     medians = {arm: _median(r) for arm, r in runs.items()}
-    alone = medians["alone"]
     return {
         "config": asdict(config),
-        **{arm: asdict(m) for arm, m in medians.items()},
+        "arms": {arm: asdict(m) for arm, m in medians.items()},
         "rounds": {arm: [asdict(r) for r in arm_runs] for arm, arm_runs in runs.items()},
-        "ratio": _ratios(medians["gateway"], alone),
-        "floor_ratio": _ratios(medians["serve_floor"], alone),
+        "ratios": {door: _ratios(medians[door], medians["alone"]) for door in front_doors},
     }
 
 

@@ -61,7 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     ob.add_argument("--step-ms", type=float, default=1.0, help="the simulated engine's step time")
-    ob.add_argument("--rounds", type=int, default=2, help="alternations of the two arms (medians are printed)")
+    ob.add_argument("--rounds", type=int, default=2, help="alternations of the arms (medians are printed)")
+    ob.add_argument(
+        "--front-doors",
+        default="direct,haproxy",
+        help="the gateway arms, one per front door: direct, haproxy, serve (comma-separated)",
+    )
     ob.add_argument("--json", default=None, help="also write the figures to this file")
     ob.set_defaults(bench=_openai)
     return bench
@@ -240,13 +245,14 @@ def _gateway(args: argparse.Namespace) -> int:
 def _openai(args: argparse.Namespace) -> int:
     import json
 
-    from common.loopback import ray_environment
-
-    ray_environment()
+    from common.loopback import FRONT_DOORS
     from loadgen.bench_openai import OpenAIBenchConfig, bench_openai
 
     if min(args.concurrency, args.requests, args.max_tokens, args.max_num_seqs) < 1 or args.step_ms < 0:
         raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
+    doors = [d.strip() for d in args.front_doors.split(",") if d.strip()]
+    if not doors or any(d not in FRONT_DOORS for d in doors):
+        raise UsageError(f"--front-doors: a list of {', '.join(FRONT_DOORS)}")
     from workers.engines import engine_for
 
     plugin = engine_for(args.engine)
@@ -255,33 +261,29 @@ def _openai(args: argparse.Namespace) -> int:
     settings, model = plugin.benchmark_settings(options)
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
-    out = bench_openai(config, rounds=max(1, args.rounds))
-    a, f, g, r = out["alone"], out["serve_floor"], out["gateway"], out["ratio"]
-    alone = plugin.reference_name
+    rounds = max(1, args.rounds)
+    out = bench_openai(config, doors, rounds=rounds)
     print(
         f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
-        f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, 16 at once; "
-        f"medians of {max(1, args.rounds)} alternating rounds"
+        f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, "
+        f"{config.short_concurrency} at once; medians of {rounds} alternating rounds"
     )
     print(
-        f"{'':<20} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
+        f"{'':<26} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
     )
-    for label, row in ((alone, a), ("on bare Serve", f), ("through fairgate", g)):
+    labels = {"alone": plugin.reference_name} | {d: f"fairgate, {d} front door" for d in doors}
+    for arm, row in out["arms"].items():
         print(
-            f"{label:<20} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms {row['ttft_p99_ms']:>7.1f}ms "
-            f"{row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} {row['errors']:>7}"
+            f"{labels[arm]:<26} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms "
+            f"{row['ttft_p99_ms']:>7.1f}ms {row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} "
+            f"{row['errors']:>7}"
         )
-    print(
-        f"fairgate / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
-        f"{r['short_requests_per_s']:.2f}x short requests/s; TTFT p50 +{r['ttft_p50_ms_overhead']:.1f} ms loaded, "
-        f"+{r['light_ttft_p50_ms_overhead']:.1f} ms at light load"
-    )
-    fr = out["floor_ratio"]
-    print(
-        f"floor (the same engine layer in one bare Serve replica behind the same front door, nothing of "
-        f"fairgate) / alone: {fr['output_tokens_per_s']:.2f}x tokens/s, "
-        f"{fr['short_requests_per_s']:.2f}x short requests/s"
-    )
+    for door, r in out["ratios"].items():
+        print(
+            f"fairgate ({door}) / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
+            f"{r['short_requests_per_s']:.2f}x short requests/s; TTFT p50 {r['ttft_p50_ms_overhead']:+.1f} ms "
+            f"loaded, {r['light_ttft_p50_ms_overhead']:+.1f} ms at light load"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

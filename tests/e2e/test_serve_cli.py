@@ -104,3 +104,33 @@ def test_loadgen_replays_a_workload_against_the_gateway(serve_port, tmp_path):
 def test_loadgen_needs_a_key_for_every_tenant(tmp_path):
     proc = fairgate("loadgen", "--workload", "overload", "--url", "http://127.0.0.1:9/v1", "--duration", "1")
     assert proc.returncode == 2 and "no API key for tenant(s) A, B" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_openai_measures_the_engine_alone_and_the_gateway_behind_a_front_door(tmp_path):
+    """``fairgate bench openai`` as users run it, small: the engine served alone and ``fairgate serve``
+    behind Serve's HAProxy ingress (the direct front door is the serve test's above); every arm
+    serves without an error, and no haproxy process outlives the run."""
+    out = tmp_path / "bench.json"
+    proc = fairgate(
+        "bench", "openai", "--engine", "simulated", "--rounds", "1", "--requests", "24", "--concurrency", "4",
+        "--max-tokens", "16", "--front-doors", "haproxy", "--json", str(out), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert set(figures["arms"]) == {"alone", "haproxy"}
+    for arm in figures["arms"].values():
+        assert arm["errors"] == 0 and arm["output_tokens_per_s"] > 0 and arm["short_requests_per_s"] > 0
+    assert "fairgate (haproxy) / alone" in proc.stdout
+    left = subprocess.run(["pgrep", "-f", "haproxy"], capture_output=True, text=True).stdout.split()
+    assert not [pid for pid in left if _someone_elses_haproxy(pid)], "a haproxy process outlived the bench"
+
+
+def _someone_elses_haproxy(pid: str) -> bool:
+    """A haproxy of a fairgate run other than this test session's own (when it uses HAProxy itself)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    ours = os.environ.get("FAIRGATE_HAPROXY_DIR")
+    return "haproxy.cfg" in cmdline and "/fgh-" in cmdline and not (ours and ours in cmdline)

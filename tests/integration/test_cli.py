@@ -26,9 +26,9 @@ REQUIRED_RUN_KEYS = {
 REQUIRED_TENANT_KEYS = {"service", "requests", "rejected", "mean_ttft_s", "p99_ttft_s"}
 
 
-def fairgate(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def fairgate(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("fairgate", path=str(Path(sys.executable).parent)) or "fairgate"
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def small_spec(tmp_path: Path) -> Path:
