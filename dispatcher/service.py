@@ -1,4 +1,5 @@
-"""The dispatcher's asyncio shell around the pure core: the Dispatcher gRPC service and ``submit``.
+"""The dispatcher's asyncio shell around the pure core: the Dispatcher gRPC service (workers' streams)
+and ``submit``.
 
 Everything runs on one event loop, so the core needs no locks. Assignment runs after every event that
 can change capacity or demand (a submit, a worker's report or finish, a worker joining or leaving),
@@ -21,7 +22,6 @@ import grpc
 
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
-from common.rpc.server import start_server
 from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
@@ -91,8 +91,11 @@ class DispatcherService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        servicer = _DispatcherServicer(self)
-        self._server, self.address = await start_server(rpc.add_DispatcherServicer_to_server, servicer, host, port)
+        self._server = grpc.aio.server()
+        rpc.add_DispatcherServicer_to_server(_DispatcherServicer(self), self._server)
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        await self._server.start()
+        self.address = f"{host}:{bound}"
         return self.address
 
     async def stop(self) -> None:

@@ -179,13 +179,14 @@ def through_gateway(
             _wait_for_engine(base, config.model, key, proc)
             yield base, key
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # it stops its cluster and its HAProxy itself
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):  # whatever of its process group is left
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+            proc.wait(30)
             if log is not None:
                 out.close()  # type: ignore[union-attr]
 
