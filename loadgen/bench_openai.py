@@ -180,10 +180,8 @@ def through_gateway(
             yield base, key
         finally:
             proc.send_signal(signal.SIGTERM)  # it stops its cluster and its HAProxy itself
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(120)
-            except subprocess.TimeoutExpired:
-                pass
             with contextlib.suppress(ProcessLookupError):  # whatever of its process group is left
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
