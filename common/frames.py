@@ -46,6 +46,7 @@ class FrameConnection(asyncio.Protocol):
         self._reader: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self._lost: Exception | None = None
+        self._unsent: list[bytes] = []  # frames sent during this turn of the event loop, written at its end
 
     # ------------------------------------------------------------------ protocol callbacks
 
@@ -114,20 +115,33 @@ class FrameConnection(asyncio.Protocol):
         return self._frames.popleft()
 
     def send(self, payload: bytes) -> None:
-        """Queue one frame for sending (never blocks; ``drain`` waits while the peer is slow)."""
+        """Queue one frame for sending (never blocks; ``drain`` waits while the peer is slow). Frames
+        sent during one turn of the event loop go out in one write: a dispatcher assigning many
+        requests at once answers them with one system call."""
         if self.closed or self.transport is None:
             raise self._lost or ConnectionLost("the connection was closed")
-        self.transport.write(len(payload).to_bytes(_HEADER, "big") + payload)
+        if not self._unsent:
+            asyncio.get_running_loop().call_soon(self._write)
+        self._unsent += (len(payload).to_bytes(_HEADER, "big"), payload)
+
+    def _write(self) -> None:
+        unsent, self._unsent = self._unsent, []
+        if unsent and not self.closed and self.transport is not None:
+            self.transport.write(b"".join(unsent))
 
     async def drain(self) -> None:
-        """Wait while the transport's send buffer is over its high-water mark (a slow reader)."""
+        """Write what was sent, then wait while the transport's send buffer is over its high-water mark
+        (a slow reader)."""
+        self._write()
         while self._writable is not None and not self._writable.done():
             await self._writable
         if self.closed:
             raise self._lost or ConnectionLost("the connection was closed")
 
     def close(self) -> None:
+        """Close after what was sent (the frames of this turn included)."""
         if self.transport is not None and not self.closed:
+            self._write()
             self.transport.close()
 
     def abort(self) -> None:

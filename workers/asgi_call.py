@@ -24,6 +24,7 @@ class AsgiResponse:
     status: int
     headers: dict[str, str]
     body: AsyncIterator[bytes]  # the first piece of the body is already in it
+    complete: bool = False  # that first piece is the whole body (an answer, not a stream)
 
     @property
     def content_type(self) -> str:
@@ -104,7 +105,7 @@ async def call_asgi(
             disconnected.set()
             await _settle(task)
 
-    return AsgiResponse(int(start["status"]), response_headers, chunks())
+    return AsgiResponse(int(start["status"]), response_headers, chunks(), complete=not more)
 
 
 async def _next(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> Any:

@@ -28,7 +28,7 @@ from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
 from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
-from workers.asgi_call import call_asgi
+from workers.asgi_call import AsgiResponse, call_asgi
 from workers.engines.interface import Admission, ASGIApp, EngineRunner, StepReport, current_admission
 from workers.generate_server import GenerateServer
 
@@ -316,6 +316,11 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         headers = {"content-type": "application/json", "x-request-id": t.request_id.partition("-")[2] or t.request_id}
         path = ENDPOINT_PATHS[request.endpoint]
         response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
+        if response.complete:  # a whole answer at once: one chunk, saying how it ended
+            data = b"".join([piece async for piece in response.body])
+            await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
+            yield _last_chunk(running, response, data, head=True)
+            return
         first = True
         async for piece in response.body:
             chunk = pb.GenerateChunk(
@@ -325,13 +330,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
                 chunk.status, chunk.content_type, first = response.status, response.content_type, False
             yield chunk
         await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
-        yield pb.GenerateChunk(
-            status=response.status if first else 0,
-            content_type=response.content_type if first else "",
-            completion_tokens=running.reported,
-            prompt_tokens=running.prompt_tokens,
-            finish_reason=running.finish or ("stop" if response.status < 400 else "error"),
-        )
+        yield _last_chunk(running, response, head=first)
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception:
@@ -347,6 +346,20 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
             w._remember_ended(t.request_id, ended, ended.reported)
         span.set_attribute("fairgate.completion_tokens", running.reported)
         span.end()
+
+
+def _last_chunk(running: _Running, response: AsgiResponse, data: bytes = b"", head: bool = False) -> pb.GenerateChunk:
+    """A request's last chunk: the engine's exact counts and how it ended (``head``: with the status and
+    content type, when no chunk carried them yet)."""
+    chunk = pb.GenerateChunk(
+        data=data,
+        completion_tokens=running.reported,
+        prompt_tokens=running.prompt_tokens,
+        finish_reason=running.finish or ("stop" if response.status < 400 else "error"),
+    )
+    if head:
+        chunk.status, chunk.content_type = response.status, response.content_type
+    return chunk
 
 
 def _check_ticket(w: Worker, request: pb.GenerateRequest) -> None:

@@ -1,0 +1,103 @@
+"""Length-prefixed frames on real loopback TCP connections (``common/frames.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common.frames import MAX_FRAME_BYTES, ConnectionLost, FrameConnection, connect, listen
+
+
+async def _pair() -> tuple[FrameConnection, FrameConnection, asyncio.Server]:
+    accepted: asyncio.Queue[FrameConnection] = asyncio.Queue()
+
+    def server_side() -> FrameConnection:
+        conn = FrameConnection()
+        accepted.put_nowait(conn)
+        return conn
+
+    server, address = await listen("127.0.0.1", server_side)
+    client = await connect(address, FrameConnection)
+    return client, await accepted.get(), server
+
+
+def test_frames_arrive_whole_and_in_order_however_the_bytes_are_cut():
+    async def scenario():
+        client, server_conn, server = await _pair()
+        frames = [b"", b"x", bytes(range(256)) * 300, b"last"]
+        for f in frames:
+            client.send(f)
+        assert [await server_conn.next_frame() for _ in frames] == frames
+        # the same frames fed byte by byte, as a slow network would cut them
+        raw = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
+        receiver = FrameConnection()
+        for i in range(len(raw)):
+            receiver.data_received(raw[i : i + 1])
+        assert [await receiver.next_frame() for _ in frames] == frames
+        client.close()
+        with pytest.raises(ConnectionLost):  # the peer closed: nothing more comes
+            await server_conn.next_frame()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_frames_of_one_turn_go_in_one_write_and_close_sends_them_first():
+    async def scenario():
+        client, server_conn, server = await _pair()
+        writes: list[bytes] = []
+        real_write = client.transport.write
+        client.transport.write = lambda data: (writes.append(data), real_write(data))  # type: ignore[method-assign]
+        for i in range(5):
+            client.send(f"reply {i}".encode())
+        client.close()  # right after sending: the frames still go, then the connection closes
+        assert [await server_conn.next_frame() for _ in range(5)] == [f"reply {i}".encode() for i in range(5)]
+        assert len(writes) == 1
+        with pytest.raises(ConnectionLost):
+            await server_conn.next_frame()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_frame_longer_than_the_limit_closes_the_connection():
+    async def scenario():
+        client, server_conn, server = await _pair()
+        client.transport.write((MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"xx")
+        with pytest.raises(ConnectionLost):
+            await server_conn.next_frame()
+        await asyncio.sleep(0.05)
+        assert client.closed  # the peer hung up on it
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_drain_waits_while_the_peer_does_not_read():
+    async def scenario():
+        client, server_conn, server = await _pair()
+        server_conn.transport.pause_reading()  # a slow reader
+        client.transport.set_write_buffer_limits(high=64 * 1024)
+        chunk = b"y" * 65536
+        drained = 0
+
+        async def writer() -> None:
+            nonlocal drained
+            for _ in range(200):
+                client.send(chunk)
+                await client.drain()
+                drained += 1
+
+        task = asyncio.create_task(writer())
+        await asyncio.sleep(0.3)
+        assert drained < 200  # held back: the kernel's buffers and ours are full
+        server_conn.transport.resume_reading()
+        for _ in range(200):
+            assert await server_conn.next_frame() == chunk
+        await task
+        assert drained == 200
+        client.close()
+        server.close()
+
+    asyncio.run(scenario())
