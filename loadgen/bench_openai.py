@@ -48,11 +48,11 @@ class OpenAIBenchConfig:
     settings: dict[str, Any] = field(default_factory=dict)  # the engine's settings (the config's workers section)
     model: str = "fairgate-sim"
     concurrency: int = 24
-    requests: int = 240  # streamed requests per arm
+    requests: int = 480  # streamed requests per arm and round
     max_tokens: int = 64
     light_requests: int = 30
     short_concurrency: int = 16
-    short_requests: int = 400
+    short_requests: int = 1200  # long enough to be more than its ramp and tail
 
 
 @dataclass

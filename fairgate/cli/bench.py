@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
     ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads (unpinned), both arms")
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
-    ob.add_argument("--requests", type=int, default=240, help="streamed chat requests per arm")
+    ob.add_argument("--requests", type=int, default=480, help="streamed chat requests per arm and round")
+    ob.add_argument("--short-requests", type=int, default=1200, help="1-token completions per arm and round")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
     ob.add_argument("--step-ms", type=float, default=1.0, help="the simulated engine's step time")
     ob.add_argument("--rounds", type=int, default=2, help="alternations of the arms (medians are printed)")
@@ -248,8 +249,10 @@ def _openai(args: argparse.Namespace) -> int:
     from common.loopback import FRONT_DOORS
     from loadgen.bench_openai import OpenAIBenchConfig, bench_openai
 
-    if min(args.concurrency, args.requests, args.max_tokens, args.max_num_seqs) < 1 or args.step_ms < 0:
-        raise UsageError("--concurrency, --requests, --max-tokens and --max-num-seqs must be positive")
+    if min(args.concurrency, args.requests, args.short_requests, args.max_tokens, args.max_num_seqs) < 1:
+        raise UsageError("--concurrency, --requests, --short-requests, --max-tokens, --max-num-seqs must be positive")
+    if args.step_ms < 0:
+        raise UsageError("--step-ms must not be negative")
     doors = [d.strip() for d in args.front_doors.split(",") if d.strip()]
     if not doors or any(d not in FRONT_DOORS for d in doors):
         raise UsageError(f"--front-doors: a list of {', '.join(FRONT_DOORS)}")
@@ -261,6 +264,7 @@ def _openai(args: argparse.Namespace) -> int:
     settings, model = plugin.benchmark_settings(options)
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
+    config.short_requests = args.short_requests
     rounds = max(1, args.rounds)
     out = bench_openai(config, doors, rounds=rounds)
     print(

@@ -114,7 +114,7 @@ def test_bench_openai_measures_the_engine_alone_and_the_gateway_behind_a_front_d
     out = tmp_path / "bench.json"
     proc = fairgate(
         "bench", "openai", "--engine", "simulated", "--rounds", "1", "--requests", "24", "--concurrency", "4",
-        "--max-tokens", "16", "--front-doors", "haproxy", "--json", str(out), timeout=600,
+        "--max-tokens", "16", "--short-requests", "100", "--front-doors", "haproxy", "--json", str(out), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())
