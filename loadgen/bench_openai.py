@@ -36,6 +36,9 @@ import yaml
 from common.loopback import FRONT_DOOR_ENV
 from workers.engines import engine_for
 
+# The environment this process started with: importing an engine's library changes the importer's (vLLM
+# sets LD_PRELOAD, thread and compiler settings), and each gateway arm starts as from a user's shell.
+LAUNCH_ENVIRONMENT = dict(os.environ)
 # Settings of a cluster's HAProxy that an arm's process must not inherit: it starts a cluster of its own.
 CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRGATE_HAPROXY")
 
@@ -169,11 +172,11 @@ def through_gateway(
     with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp:
         path = Path(tmp) / "gateway.yaml"
         path.write_text(yaml.safe_dump(gateway))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
+        env = {k: v for k, v in LAUNCH_ENVIRONMENT.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
         env[FRONT_DOOR_ENV] = front_door
         command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(port)]
         out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
         try:
             base = f"http://127.0.0.1:{port}/v1"
             _wait_for_engine(base, config.model, key, proc)

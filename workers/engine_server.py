@@ -52,7 +52,7 @@ def engine_alone(engine: str, settings: dict, model: str, port: int, log: Path |
         [sys.executable, "-m", "workers.engine_server", *args],
         stdout=out,
         stderr=subprocess.STDOUT,
-        start_new_session=True,
+        process_group=0,  # not a session of its own: see reference_server.py (autogroup)
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:

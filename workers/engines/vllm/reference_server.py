@@ -33,7 +33,10 @@ def vllm_server(
         stdout=out,
         stderr=subprocess.STDOUT,
         env=env,
-        start_new_session=True,  # its engine processes go with it
+        # its engine processes go with it (killpg); a group, not a session: Linux's autogroup scheduler
+        # shares the CPU between sessions, and vLLM measured 2-3x slower in a session of its own beside
+        # its client on this machine
+        process_group=0,
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:
