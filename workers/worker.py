@@ -45,7 +45,7 @@ RELAY_LINGER_S = 0.010
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
 # message (about 200 us of CPU at each end here) per step. The dispatcher learns of a finish at most
 # this much later.
-REPORT_LINGER_S = float(__import__("os").environ.get("FG_LINGER", "0.005"))
+REPORT_LINGER_S = 0.005
 
 
 @dataclass
