@@ -317,21 +317,19 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         headers = {"content-type": "application/json", "x-request-id": t.request_id.partition("-")[2] or t.request_id}
         path = ENDPOINT_PATHS[request.endpoint]
         response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
-        if response.complete:  # a whole answer at once: one chunk, saying how it ended
-            data = b"".join([piece async for piece in response.body])
-            await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
-            yield _last_chunk(running, response, data, head=True)
-            return
-        first = True
-        async for piece in response.body:
-            chunk = pb.GenerateChunk(
-                data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
-            )
-            if first:
-                chunk.status, chunk.content_type, first = response.status, response.content_type, False
-            yield chunk
+        first, whole = True, b""
+        if response.complete:  # a whole answer at once: it goes in the last chunk, saying how it ended
+            whole = b"".join([piece async for piece in response.body])
+        else:
+            async for piece in response.body:
+                chunk = pb.GenerateChunk(
+                    data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
+                )
+                if first:
+                    chunk.status, chunk.content_type, first = response.status, response.content_type, False
+                yield chunk
         await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
-        yield _last_chunk(running, response, head=first)
+        yield _last_chunk(running, response, whole, head=first)
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception:
