@@ -143,6 +143,20 @@ def deploy(
     return Gateway(name, base + "/v1", keys, config, secret, raw, admin_key, listen, proxied + "/v1")
 
 
+def holds_nothing(gw: Gateway, tenant: str, within_s: float = 15.0) -> dict[str, Any]:
+    """The dispatcher's view once ``tenant``'s requests are settled: nothing queued, assigned or
+    reserved for it, every step report of what it ran received (a client can read an answer's end a
+    few milliseconds before its last report arrives; abandoned requests settle well before a ticket's
+    30 s expiry would free them)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        stats = gw.stats()
+        row = stats["tenants"][tenant]
+        if (row["in_flight"], row["queued"]) == (0, 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
 # ----------------------------------------------------------------------------- load
 
 PROMPT = "word " * 60  # 60 prompt tokens for the simulated tokenizer

@@ -6,13 +6,12 @@ other tenants' requests are placed at once, and a stream already running is neve
 from __future__ import annotations
 
 import asyncio
-import time
 
 import openai
 import pytest
 
 from .abuse import INTERNALS, abandon, send_malformed
-from .gateway_helpers import Gateway, deploy
+from .gateway_helpers import Gateway, deploy, holds_nothing
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +21,6 @@ def gw(serve_port) -> Gateway:
     gateway = deploy("abuse", serve_port, workers=2, kv_tokens=2000, step_s=0.01, tenants=("alice", "bob", "mallory"))
     yield gateway
     gateway.delete()
-
-
-def holds_nothing(gw: Gateway, tenant: str, within_s: float = 15.0) -> dict:
-    """The dispatcher's view once ``tenant``'s abandoned requests are settled (well before a ticket's
-    30 s expiry would free them): nothing queued, assigned or reserved for it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        stats = gw.stats()
-        row = stats["tenants"][tenant]
-        if (row["in_flight"], row["queued"]) == (0, 0) or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.05)
 
 
 def test_a_hostile_burst_gets_4xx_holds_nothing_and_breaks_no_other_stream(gw):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import time
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ from workers.engines.vllm.prompts import HuggingFacePrompts
 from workers.engines.vllm.reference_server import vllm_server
 from workers.engines.vllm.settings import VllmSettings
 
-from .gateway_helpers import MAX_TOKENS, Gateway, deploy, overload
+from .gateway_helpers import MAX_TOKENS, Gateway, deploy, holds_nothing, overload
 
 pytestmark = pytest.mark.slow
 
@@ -248,15 +247,6 @@ def test_every_feature_answers_as_vllms_own_server(vtc_gateway, vllm_alone, case
         assert message.get("tool_calls") or ours[1]["choices"][0]["finish_reason"] == "length"
 
 
-def settled(gw: Gateway, tenant: str, within_s: float = 10.0) -> dict[str, Any]:
-    """The tenant's row once the dispatcher has the last step report of what it ran (the client may
-    read the answer's end a few milliseconds before that report arrives)."""
-    deadline = time.monotonic() + within_s
-    while (row := gw.stats()["tenants"][tenant])["in_flight"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return row
-
-
 def test_a_tenant_cannot_override_what_the_gateway_decides(vtc_gateway):
     """Whatever the body says: the gateway's request id, the tenant's own cache salt (identical prompts
     of two tenants never share a cached prefix, even when both ask for the same salt), no chat template
@@ -280,7 +270,7 @@ def test_a_tenant_cannot_override_what_the_gateway_decides(vtc_gateway):
         status, got = answer(gw.base_url, gw.keys[tenant], TEXT, body)
         assert status == 200, got
         usage[i] = got["usage"]
-        charged[i] = settled(gw, tenant)["service"] - before
+        charged[i] = holds_nothing(gw, tenant)["tenants"][tenant]["service"] - before
     assert usage[0]["completion_tokens"] == 16  # the ingress's default_max_tokens, not vLLM's own default
     assert usage[1]["prompt_tokens_details"]["cached_tokens"] > 0  # alice's second turn hits her cache
     assert usage[2]["prompt_tokens_details"]["cached_tokens"] == 0  # bob never hits alice's
@@ -346,7 +336,6 @@ def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):
     another tenant's request is served right after. Last in the module: carol's counter is charged for
     the prompts vLLM began to prefill."""
     from .abuse import INTERNALS, abandon, send_malformed
-    from .test_abuse import holds_nothing
 
     gw = vtc_gateway
 
