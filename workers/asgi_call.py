@@ -19,6 +19,41 @@ from workers.engines.interface import ASGIApp
 _END = object()
 
 
+class Linger:
+    """How long a stream's bytes may wait to be joined with the next ones: at most ``seconds`` after
+    the last piece went. ``end()`` cuts every wait short for good: the engine has finished the
+    request, so its last bytes go at once (a closed-loop client's next request waits on them)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def end(self) -> None:
+        self.ended = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def until(self, when: float) -> None:
+        """Wait until the loop's clock reaches ``when``, or ``end()``."""
+        loop = asyncio.get_running_loop()
+        delay = when - loop.time()
+        if self.ended or delay <= 0:
+            return
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(delay, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 @dataclass
 class AsgiResponse:
     status: int
@@ -37,12 +72,13 @@ async def call_asgi(
     body: bytes,
     headers: dict[str, str],
     context: Context | None = None,
-    linger_s: float = 0.0,
+    linger: Linger | None = None,
 ) -> AsgiResponse:
     """POST ``body`` to ``path``; returns once the app has sent its status and first body bytes (a
-    stream's first event). ``context``: the context variables the app runs with. ``linger_s``: hand
-    bytes on at most once per ``linger_s``, joining what came meanwhile (fewer, larger pieces to relay
-    when an engine steps fast); the first byte, and bytes after a quiet ``linger_s``, never wait."""
+    stream's first event). ``context``: the context variables the app runs with. ``linger``: hand
+    bytes on at most once per its interval, joining what came meanwhile (fewer, larger pieces to relay
+    when an engine steps fast); the first byte, bytes after a quiet interval and bytes after the
+    linger's end never wait."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     disconnected = asyncio.Event()
     sent_body = False
@@ -97,7 +133,7 @@ async def call_asgi(
                 yield first
                 handed = loop.time()
             while more:
-                piece, more = await _body_piece(queue, task, handed + linger_s if linger_s else 0.0)
+                piece, more = await _body_piece(queue, task, linger, handed)
                 if piece:
                     yield piece
                     handed = loop.time()
@@ -116,17 +152,15 @@ async def _next(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> Any:
 
 
 async def _body_piece(
-    queue: asyncio.Queue[Any], task: asyncio.Task[None], not_before: float = 0.0
+    queue: asyncio.Queue[Any], task: asyncio.Task[None], linger: Linger | None = None, handed: float = 0.0
 ) -> tuple[bytes, bool]:
-    """The body bytes that are ready (once the loop's clock reaches ``not_before``), joined, and
-    whether more follow."""
+    """The body bytes that are ready (after ``linger`` since ``handed``, the last piece's going),
+    joined, and whether more follow."""
     pieces: list[bytes] = []
     more = True
     message = await _next(queue, task)
-    if message is not _END and message.get("more_body", False):
-        wait = not_before - asyncio.get_running_loop().time()
-        if wait > 0:
-            await asyncio.sleep(wait)
+    if linger is not None and message is not _END and message.get("more_body", False):
+        await linger.until(handed + linger.seconds)
     while True:
         if message is _END:
             more = False

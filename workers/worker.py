@@ -28,7 +28,7 @@ from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
 from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
-from workers.asgi_call import AsgiResponse, call_asgi
+from workers.asgi_call import AsgiResponse, Linger, call_asgi
 from workers.engines.interface import Admission, ASGIApp, EngineRunner, StepReport, current_admission
 from workers.generate_server import GenerateServer
 
@@ -40,7 +40,8 @@ ENDED_KEPT = 20_000
 # A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
 # when an engine steps fast (each message costs the worker, the ingress and the client CPU: on a 2-core
 # host running vLLM beside the gateway, 25 ms instead of 10 cut the client's CPU per token by a
-# quarter); the first piece, and a piece after a quiet interval (a GPU's 25-40 ms steps), go at once.
+# quarter); the first piece, a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after
+# the engine finished the request (a client's next request may wait on them) go at once.
 RELAY_LINGER_S = 0.025
 # Step reports go to the dispatcher at most once per this interval, the steps in between merged: a GPU's
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
@@ -59,6 +60,7 @@ class _Running:
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
     started: bool = False  # the engine started it (reported so)
     finish: str = ""  # how the engine ended it, once reported
+    linger: Linger | None = None  # how its bytes are held to be joined; ended with the request
 
 
 class Worker:
@@ -149,8 +151,11 @@ class Worker:
             elif rid in self._ended:  # its last step's report came after its stream ended
                 self._ended[rid][0].reported += k
         for f in report.finished:
-            if f.id in running:
-                running[f.id].finish = f.reason
+            r = running.get(f.id)
+            if r is not None:
+                r.finish = f.reason
+                if r.linger is not None:
+                    r.linger.end()  # its last bytes go at once
         self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
 
     def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
@@ -307,7 +312,8 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
     w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
     if len(w.generated) > GENERATED_KEPT:
         w.generated.popitem(last=False)
-    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
+    linger = Linger(RELAY_LINGER_S)
+    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens, linger=linger)
     scope = contextvars.copy_context()
     scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
     response = None
@@ -316,7 +322,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         # the engine's layer names its response after this (vLLM: "chatcmpl-" + it): the gateway's id
         headers = {"content-type": "application/json", "x-request-id": t.request_id.partition("-")[2] or t.request_id}
         path = ENDPOINT_PATHS[request.endpoint]
-        response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, RELAY_LINGER_S)
+        response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, linger)
         first, whole = True, b""
         if response.complete:  # a whole answer at once: it goes in the last chunk, saying how it ended
             whole = b"".join([piece async for piece in response.body])

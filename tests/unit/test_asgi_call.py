@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.asgi_call import call_asgi
+from workers.asgi_call import Linger, call_asgi
 
 
 def app_sending(pieces: int, gap_s: float):
@@ -24,7 +24,7 @@ def app_sending(pieces: int, gap_s: float):
 
 async def relay(pieces: int, gap_s: float, linger_s: float) -> list[tuple[bytes, float]]:
     loop = asyncio.get_running_loop()
-    response = await call_asgi(app_sending(pieces, gap_s), "/", b"{}", {}, linger_s=linger_s)
+    response = await call_asgi(app_sending(pieces, gap_s), "/", b"{}", {}, linger=Linger(linger_s))
     assert response.status == 200 and response.content_type == "text/plain"
     return [(piece, loop.time()) async for piece in response.body]
 
@@ -44,3 +44,18 @@ def test_a_piece_after_a_quiet_interval_is_not_held_back():
     got, start = asyncio.run(timed())
     assert [p for p, _ in got][:3] == [b"0;", b"1;", b"2;"]
     assert got[2][1] - start < 0.6 * 2 + 0.4  # the third left at about 1.2 s, not 2.2 s
+
+
+def test_the_lingers_end_lets_held_bytes_go_at_once():
+    # a long linger, ended while the second piece waits in it: that piece goes then, not after 5 s
+    async def ended_early() -> tuple[list[tuple[bytes, float]], float]:
+        loop = asyncio.get_running_loop()
+        linger = Linger(5.0)
+        response = await call_asgi(app_sending(3, 0.0), "/", b"{}", {}, linger=linger)
+        start = loop.time()
+        loop.call_later(0.2, linger.end)
+        return [(piece, loop.time()) async for piece in response.body], start
+
+    got, start = asyncio.run(ended_early())
+    assert b"".join(p for p, _ in got) == b"0;1;2;end"
+    assert got[-1][1] - start < 2.0  # held until the end at 0.2 s, then everything left went
