@@ -15,6 +15,7 @@ requests/s (one output token each, not streamed, ``short_concurrency`` at once).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -66,6 +67,7 @@ class ArmResult:
     light_ttft_p50_ms: float
     short_requests_per_s: float
     errors: int
+    error_kinds: dict[str, int] = field(default_factory=dict)  # what the client saw fail, by exception
 
 
 # ----------------------------------------------------------------------------- the client
@@ -89,8 +91,11 @@ async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any])
     return first, tokens
 
 
-async def _closed_loops(n: int, total: int, one) -> tuple[list[Any], int, float]:
-    """``total`` calls of ``one()`` from ``n`` closed loops; (results, errors, seconds)."""
+async def _closed_loops(
+    n: int, total: int, one, kinds: collections.Counter[str] | None = None
+) -> tuple[list[Any], int, float]:
+    """``total`` calls of ``one()`` from ``n`` closed loops; (results, errors, seconds). ``kinds``
+    counts the errors by what failed (an HTTP status, or the client's exception)."""
     results: list[Any] = []
     errors = 0
     left = total
@@ -101,8 +106,11 @@ async def _closed_loops(n: int, total: int, one) -> tuple[list[Any], int, float]
             left -= 1
             try:
                 results.append(await one())
-            except (httpx.HTTPError, ValueError):
+            except (httpx.HTTPError, ValueError) as exc:
                 errors += 1
+                if kinds is not None:
+                    status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+                    kinds[f"HTTP {status}" if status else type(exc).__name__] += 1
 
     t0 = time.perf_counter()
     await asyncio.gather(*(loop() for _ in range(n)))
@@ -126,11 +134,12 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         return httpx.AsyncClient(timeout=300, headers=headers, limits=limits)
 
+    kinds: collections.Counter[str] = collections.Counter()
     async with client(config.concurrency) as c:
         await _closed_loops(4, 8, lambda: _stream_one(c, url, chat))  # warm up both ways
-        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(c, url, chat))
+        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(c, url, chat), kinds)
         loaded, errors, seconds = await _closed_loops(
-            config.concurrency, config.requests, lambda: _stream_one(c, url, chat)
+            config.concurrency, config.requests, lambda: _stream_one(c, url, chat), kinds
         )
     async with client(config.short_concurrency) as c:
 
@@ -140,7 +149,9 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
             return 1
 
         await _closed_loops(config.short_concurrency, config.short_concurrency, one_short)  # its connections
-        done, short_errors, short_s = await _closed_loops(config.short_concurrency, config.short_requests, one_short)
+        done, short_errors, short_s = await _closed_loops(
+            config.short_concurrency, config.short_requests, one_short, kinds
+        )
     ttfts = sorted(t for t, _ in loaded)
     return ArmResult(
         output_tokens_per_s=sum(n for _, n in loaded) / seconds,
@@ -149,6 +160,7 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
         light_ttft_p50_ms=1000 * statistics.median(t for t, _ in light),
         short_requests_per_s=len(done) / short_s,
         errors=errors + light_errors + short_errors,
+        error_kinds=dict(kinds),
     )
 
 
@@ -247,9 +259,12 @@ def _ratios(arm: ArmResult, alone: ArmResult) -> dict[str, float]:
 
 def _median(runs: list[ArmResult]) -> ArmResult:
     """Each figure's median over the rounds; errors are summed (every one counts)."""
-    fields = asdict(runs[0])
-    medians = {k: statistics.median(asdict(r)[k] for r in runs) for k in fields}
-    return ArmResult(**(medians | {"errors": sum(r.errors for r in runs)}))
+    figures = [k for k, v in asdict(runs[0]).items() if isinstance(v, float)]
+    medians = {k: statistics.median(getattr(r, k) for r in runs) for k in figures}
+    kinds: collections.Counter[str] = collections.Counter()
+    for r in runs:
+        kinds.update(r.error_kinds)
+    return ArmResult(**medians, errors=sum(r.errors for r in runs), error_kinds=dict(kinds))
 
 
 def _free_port() -> int:

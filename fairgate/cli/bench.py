@@ -282,6 +282,10 @@ def _openai(args: argparse.Namespace) -> int:
             f"{row['ttft_p99_ms']:>7.1f}ms {row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} "
             f"{row['errors']:>7}"
         )
+    for arm, row in out["arms"].items():
+        if row["error_kinds"]:
+            kinds = ", ".join(f"{n} x {kind}" for kind, n in sorted(row["error_kinds"].items()))
+            print(f"errors of {labels[arm]}: {kinds}")
     for door, r in out["ratios"].items():
         print(
             f"fairgate ({door}) / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
