@@ -76,6 +76,10 @@ def cancel_on_disconnect(app: ASGIApp) -> ASGIApp:
 
 
 DRAIN_IDLE_S = 2.0  # a draining replica closes connections idle this long (their clients reconnect elsewhere)
+# An idle keep-alive connection stays open this long. Longer than client pools keep theirs (httpx, under
+# the openai client: 5 s): a server that closes first races the client's next request on that
+# connection, which then fails with no response (uvicorn's default is those same 5 s).
+KEEP_ALIVE_S = 75
 CLOSE = (b"connection", b"close")
 
 
@@ -96,6 +100,7 @@ class DirectListener:
             log_level="warning",
             log_config=None,
             timeout_graceful_shutdown=None,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # Ray's, not ours
@@ -145,6 +150,8 @@ class DirectListener:
         idle_until = loop.time() + DRAIN_IDLE_S
         while state.connections and loop.time() < idle_until:
             await asyncio.sleep(0.05)
+        for connection in list(state.connections):
+            connection.shutdown()  # uvicorn's: an idle one closes now, a busy one after its response
         deadline = loop.time() + timeout_s
         while state.tasks and loop.time() < deadline:
             await asyncio.sleep(0.1)
