@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,15 +80,29 @@ async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any])
     tokens = 0
     async with client.stream("POST", url, json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+        async for data in sse_data(r.aiter_bytes()):
+            if data == b"[DONE]":
                 continue
-            event = json.loads(line[6:])
+            event = json.loads(data)
             if not first and any(c.get("delta", {}).get("content") for c in event.get("choices", ())):
                 first = time.perf_counter() - t0
             if event.get("usage"):
                 tokens = int(event["usage"]["completion_tokens"])
     return first, tokens
+
+
+async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The ``data:`` fields of a server-sent event stream. Lines end at a line feed only: the events'
+    JSON carries generated text unescaped, and text-level line splitting (``str.splitlines``, which
+    httpx's ``aiter_lines`` follows) also breaks at U+2028, U+0085 and other separators a model may
+    generate, cutting an event in two."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
 
 
 async def _closed_loops(
