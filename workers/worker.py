@@ -18,7 +18,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -60,7 +60,7 @@ class _Running:
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
     started: bool = False  # the engine started it (reported so)
     finish: str = ""  # how the engine ended it, once reported
-    linger: Linger | None = None  # how its bytes are held to be joined; ended with the request
+    linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S))  # its bytes' joining; ends with it
 
 
 class Worker:
@@ -154,8 +154,7 @@ class Worker:
             r = running.get(f.id)
             if r is not None:
                 r.finish = f.reason
-                if r.linger is not None:
-                    r.linger.end()  # its last bytes go at once
+                r.linger.end()  # its last bytes go at once
         self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
 
     def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
@@ -312,8 +311,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
     w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
     if len(w.generated) > GENERATED_KEPT:
         w.generated.popitem(last=False)
-    linger = Linger(RELAY_LINGER_S)
-    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens, linger=linger)
+    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
     scope = contextvars.copy_context()
     scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
     response = None
@@ -322,7 +320,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         # the engine's layer names its response after this (vLLM: "chatcmpl-" + it): the gateway's id
         headers = {"content-type": "application/json", "x-request-id": t.request_id.partition("-")[2] or t.request_id}
         path = ENDPOINT_PATHS[request.endpoint]
-        response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, linger)
+        response = await call_asgi(w.openai_app, path, json.dumps(body).encode(), headers, scope, running.linger)
         first, whole = True, b""
         if response.complete:  # a whole answer at once: it goes in the last chunk, saying how it ended
             whole = b"".join([piece async for piece in response.body])
