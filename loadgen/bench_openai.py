@@ -1,15 +1,17 @@
 """``fairgate bench openai``: the gateway against its engine's own OpenAI server, same engine, one run.
 
 The same real client (streaming chat with usage, closed loops; then one stream; then short 1-token
-completions) is driven at the engine served alone, then through the whole gateway (HTTP -> front door
+completions) is driven at the engine served alone, and through the whole gateway (HTTP -> front door
 -> ingress -> dispatcher -> worker, whose engine layer writes the bytes the ingress relays) to one
 worker with the same settings, once per front door asked for. The engine served alone is the engine
 plug-in's reference server: vLLM's own OpenAI server, or the simulated engine's own layer under
 uvicorn (``workers.engine_server``). Each gateway arm is ``fairgate serve`` as users start it, in a
-process (and Ray cluster) of its own, so each arm runs alone on the machine. Each phase uses a client of
-its own (its connection pool sized for it). Figures per arm: output tokens/s and first-token latency
-(median, p99) at ``concurrency`` streams, first-token latency at light load (one stream), and short
-requests/s (one output token each, not streamed, ``short_concurrency`` at once).
+process (and Ray cluster) of its own, up beside the engine alone. The arms are measured in turn, the
+other one paused (``loadgen.pausing``), so each pass has the machine to itself and a round's passes
+are seconds apart. Each phase uses a client of its own (its connection pool sized for it). Figures per
+arm: output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token
+latency at light load (one stream), and short requests/s (one output token each, not streamed,
+``short_concurrency`` at once).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import httpx
 import yaml
 
 from common.loopback import FRONT_DOOR_ENV
+from loadgen.pausing import listening_process, paused
 from workers.engines import engine_for
 
 # The environment this process started with: importing an engine's library changes the importer's (vLLM
@@ -42,6 +45,9 @@ from workers.engines import engine_for
 LAUNCH_ENVIRONMENT = dict(os.environ)
 # Settings of a cluster's HAProxy that an arm's process must not inherit: it starts a cluster of its own.
 CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRGATE_HAPROXY")
+
+# After an arm is continued, its timers catch up (Ray's health checks, metrics pushes) before it is measured.
+RESUME_SETTLE_S = 2.0
 
 PROMPT = "Tell me about the tenants that share this cluster and how the queue serves them."
 
@@ -186,7 +192,7 @@ def through_gateway(
     config: OpenAIBenchConfig, port: int, front_door: str, log: Path | None = None
 ) -> Iterator[tuple[str, str]]:
     """``fairgate serve`` behind ``front_door`` with one worker of the same engine settings, in a
-    process of its own until the block ends; yields (base URL, API key)."""
+    process of its own until the block ends; yields (base URL, API key, its process id)."""
     key = "fg-bench-" + secrets.token_hex(12)
     gateway = {
         "model": config.model,
@@ -206,7 +212,7 @@ def through_gateway(
         try:
             base = f"http://127.0.0.1:{port}/v1"
             _wait_for_engine(base, config.model, key, proc)
-            yield base, key
+            yield base, key, proc.pid
         finally:
             proc.send_signal(signal.SIGTERM)  # it stops its cluster and its HAProxy itself
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -235,30 +241,44 @@ def _wait_for_engine(base: str, model: str, key: str, proc: subprocess.Popen, ti
 
 
 def bench_openai(
-    config: OpenAIBenchConfig, front_doors: Sequence[str] = ("direct",), log_dir: Path | None = None, rounds: int = 2
+    config: OpenAIBenchConfig, front_doors: Sequence[str] = ("direct",), log_dir: Path | None = None, rounds: int = 4
 ) -> dict[str, Any]:
-    """The engine alone and the gateway behind each front door, alternating ``rounds`` times, each
-    alone on the machine (a pause between arms lets the previous one's processes go); per arm the
-    median of its rounds, and each gateway arm's ratios to the engine alone."""
-    arms = ["alone", *front_doors]
-    runs: dict[str, list[ArmResult]] = {arm: [] for arm in arms}
-    for i in range(rounds):
-        alone_log = log_dir / f"engine-alone-{i}.log" if log_dir is not None else None
-        plugin = engine_for(config.engine)
-        with plugin.reference_server(plugin.settings(config.settings), config.model, _free_port(), alone_log) as base:
-            runs["alone"].append(asyncio.run(measure(base, "none", config)))
-        time.sleep(5)
+    """The engine alone, up for the whole run, and each front door's gateway started beside it in turn.
+    ``rounds`` times, each of the two is measured while the other is paused (its whole process tree
+    stopped), alone first in even rounds and the gateway first in odd ones. Every pass has the machine
+    to itself, and a round's two passes are seconds apart: the machine's own drift (this 2-core VM's
+    speed moved by a fifth within minutes, one server's figures with it) falls out of each round's
+    ratio. Per arm the median of its rounds; per gateway arm the median of its rounds' ratios."""
+    runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
+    ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}
+    plugin = engine_for(config.engine)
+    alone_port = _free_port()
+    alone_log = log_dir / "engine-alone.log" if log_dir is not None else None
+    with plugin.reference_server(plugin.settings(config.settings), config.model, alone_port, alone_log) as alone_base:
+        alone_pid = listening_process(alone_port)
+        if alone_pid is None:
+            raise RuntimeError(f"no process listens on the engine's port {alone_port}")
         for door in front_doors:
-            log = log_dir / f"gateway-{door}-{i}.log" if log_dir is not None else None
-            with through_gateway(config, _free_port(), door, log) as (base, key):
-                runs[door].append(asyncio.run(measure(base, key, config)))
-            time.sleep(5)
+            log = log_dir / f"gateway-{door}.log" if log_dir is not None else None
+            with through_gateway(config, _free_port(), door, log) as (base, key, gateway_pid):
+                arms = {"alone": (alone_base, "none", gateway_pid), door: (base, key, alone_pid)}
+                for i in range(rounds):
+                    got: dict[str, ArmResult] = {}
+                    for arm in ("alone", door) if i % 2 == 0 else (door, "alone"):
+                        url, api_key, other = arms[arm]
+                        with paused(other):
+                            time.sleep(RESUME_SETTLE_S)
+                            got[arm] = asyncio.run(measure(url, api_key, config))
+                    runs["alone"].append(got["alone"])
+                    runs[door].append(got[door])
+                    ratios[door].append(_ratios(got[door], got["alone"]))
     medians = {arm: _median(r) for arm, r in runs.items()}
     return {
         "config": asdict(config),
         "arms": {arm: asdict(m) for arm, m in medians.items()},
         "rounds": {arm: [asdict(r) for r in arm_runs] for arm, arm_runs in runs.items()},
-        "ratios": {door: _ratios(medians[door], medians["alone"]) for door in front_doors},
+        "ratios": {door: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for door, rs in ratios.items()},
+        "round_ratios": ratios,
     }
 
 
