@@ -45,9 +45,12 @@ ENDED_KEPT = 20_000
 RELAY_LINGER_S = 0.025
 # Step reports go to the dispatcher at most once per this interval, the steps in between merged: a GPU's
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
-# message (about 200 us of CPU at each end here) per step. The dispatcher learns of a finish at most
-# this much later.
+# message (about 200 us of CPU at each end here) per step. It is the pace while requests wait in the
+# dispatcher (which learns of a finish at most this much later), for a report that says a request
+# started, and a worker's pace until the dispatcher says otherwise (``Pace``: longer while nothing waits,
+# at most REPORT_LINGER_MAX_S).
 REPORT_LINGER_S = 0.005
+REPORT_LINGER_MAX_S = 0.5
 
 
 @dataclass
@@ -93,6 +96,10 @@ class Worker:
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
+        self._hurry = asyncio.Event()  # the pace got shorter, or a request started: a held report goes
+        self._starts_unsent = 0  # requests started since the last report went
+        self._first_token_at: dict[str, float] = {}  # request id -> when its first output tokens came
         self._draining = False
         self._released = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -141,13 +148,19 @@ class Worker:
 
     def _on_step(self, report: StepReport) -> None:
         running = self._running
+        if report.started:
+            self._starts_unsent += len(report.started)
+            self._hurry.set()
         for rid, n in report.started.items():
             if rid in running:
                 running[rid].prompt_tokens = n
                 running[rid].started = True
         for rid, k in report.new_tokens.items():
             if rid in running:
-                running[rid].reported += k
+                r = running[rid]
+                if not r.reported and k:
+                    self._first_token_at[rid] = time.monotonic()
+                r.reported += k
             elif rid in self._ended:  # its last step's report came after its stream ended
                 self._ended[rid][0].reported += k
         for f in report.finished:
@@ -225,6 +238,8 @@ class Worker:
             return
         stale, outbox = self._outbox, asyncio.Queue()
         self._outbox = outbox
+        self._first_token_at.clear()  # their reports were dropped with the stale outbox
+        self._report_linger = REPORT_LINGER_S  # a dispatcher (maybe a new one) sets its pace anew
         stale.put_nowait(None)
         yield pb.WorkerMessage(hello=self._hello())
         if self._draining:
@@ -239,16 +254,32 @@ class Worker:
             if msg.WhichOneof("kind") != "report":
                 yield msg
                 continue
-            wait = reported + REPORT_LINGER_S - loop.time()
-            if wait > 0:  # steps faster than the linger: theirs go as one message
-                await asyncio.sleep(wait)
+            await self._report_pace(reported)  # steps faster than the pace: theirs go as one message
             reported = loop.time()
             if not outbox.empty():
                 msg, held = _merge_queued(msg, outbox)
-                if held is _CLOSED:
-                    yield msg
-                    return
+            self._starts_unsent = 0
+            add_first_token_ages(msg.report, self._first_token_at, time.monotonic())
             yield msg
+            if held is _CLOSED:
+                return
+
+    async def _report_pace(self, reported: float) -> None:
+        """Until the next report may go: the dispatcher's pace after the last one (``reported``), or the
+        fast pace once a request has started since (the dispatcher's admission counts the requests on
+        their way to an engine until it hears they started) or the dispatcher asks for it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            fast = self._starts_unsent > 0 or self._report_linger <= REPORT_LINGER_S
+            wait = reported + (REPORT_LINGER_S if fast else self._report_linger) - loop.time()
+            if wait <= 0:
+                return
+            if fast:
+                await asyncio.sleep(wait)
+                return
+            self._hurry.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), wait)
 
     def _hello(self) -> pb.Hello:
         running = [_announced(rid, r) for rid, r in self._running.items()]
@@ -271,6 +302,10 @@ class Worker:
             self._released.set()
         elif kind == "abort":
             self.release(msg.abort.request_id)
+        elif kind == "pace":
+            linger = min(REPORT_LINGER_MAX_S, max(REPORT_LINGER_S, msg.pace.report_interval_s))
+            self._report_linger = linger
+            self._hurry.set()  # a held report goes at the new pace
 
 
 class _Refused(Exception):
@@ -402,6 +437,17 @@ def _announced(request_id: str, r: _Running) -> pb.RunningRequest:
 
 
 _CLOSED = pb.WorkerMessage()  # the outbox's end, found while merging
+
+
+def add_first_token_ages(report: pb.StepReport, first_token_at: dict[str, float], now: float) -> None:
+    """How long ``report`` held each first output it carries (``first_token_at``: when they came, taken
+    out as they go): the dispatcher's first-token latency is the engine's, not the report pace's."""
+    if not first_token_at:
+        return
+    for t in report.new_tokens:
+        at = first_token_at.pop(t.request_id, None)
+        if at is not None:
+            report.first_token_age_s[t.request_id] = now - at
 
 
 def _merge_queued(

@@ -103,7 +103,14 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "first_token_age_s")
+    class FirstTokenAgeSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STARTED_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +118,7 @@ class StepReport(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_AGE_S_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -118,7 +126,8 @@ class StepReport(_message.Message):
     running: int
     waiting: int
     step_seconds: float
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    first_token_age_s: _containers.ScalarMap[str, float]
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., first_token_age_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id", "prompt_tokens", "tenant", "max_tokens", "cached_tokens")
@@ -159,16 +168,24 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("welcome", "drain", "abort", "released")
+    __slots__ = ("welcome", "drain", "abort", "released", "pace")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PACE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     drain: Drain
     abort: Abort
     released: Released
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ...) -> None: ...
+    pace: Pace
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ...) -> None: ...
+
+class Pace(_message.Message):
+    __slots__ = ("report_interval_s",)
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    report_interval_s: float
+    def __init__(self, report_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("dispatcher_id",)

@@ -13,21 +13,21 @@ from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
 from common.tickets import TicketFields, sign, ticket_message
 from dispatcher.core import LinearCost, SchedulerConfig
-from dispatcher.service import DispatcherService, Placement, Rejected
+from dispatcher.service import REPORT_PACE_IDLE_S, DispatcherService, Placement, Rejected
 from workers.engines.simulated import SimulatedEngine, StepTimeModel
 from workers.engines.simulated.runner import SimulatedRunner
 from workers.engines.simulated.tokenizer import count_tokens
-from workers.worker import Worker
+from workers.worker import REPORT_LINGER_S, Worker
 
 SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
 
 
-async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc"):
+async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc", steps: StepTimeModel = FAST):
     service = DispatcherService(SchedulerConfig(policy=policy), SECRET)
     address = await service.start()
     workers = [
-        Worker(f"w{i}", address, SECRET, SimulatedRunner(SimulatedEngine(kv_tokens, FAST))) for i in range(n_workers)
+        Worker(f"w{i}", address, SECRET, SimulatedRunner(SimulatedEngine(kv_tokens, steps))) for i in range(n_workers)
     ]
     for w in workers:
         await w.start()
@@ -160,6 +160,48 @@ def test_queued_submit_waits_for_capacity_and_cancel_withdraws_it():
         await generate(first, "x " * 50, 40)  # "a" finishes: "c" gets its place
         placement = await asyncio.wait_for(third, 5)
         assert placement.request_id == "c"
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
+def test_reports_are_held_while_nothing_waits_and_go_at_once_when_a_request_queues():
+    """The dispatcher's pace: a worker starts sending each step's report; once nothing has waited for a
+    while it merges its steps (far fewer reports); a request that queues brings the fast pace back at
+    once, and the finish that makes room for it is not held."""
+
+    async def scenario():
+        service, workers = await cluster(kv_tokens=300, steps=StepTimeModel(0.01, 0.0, 0.0, 0.0))
+        w = workers[0]
+        assert w._report_linger == REPORT_LINGER_S
+        reports: list[float] = []
+        apply = service._apply
+
+        def counted(worker_id, msg):
+            if msg.WhichOneof("kind") == "report":
+                reports.append(time.monotonic())
+            return apply(worker_id, msg)
+
+        service._apply = counted
+        first = await service.submit("a", "A", 10, 250)  # 10 ms steps: 2.5 s of reports
+        running = asyncio.create_task(generate(first, "x " * 10, 250))
+        for _ in range(300):
+            if w._report_linger == REPORT_PACE_IDLE_S:
+                break
+            await asyncio.sleep(0.01)
+        assert w._report_linger == REPORT_PACE_IDLE_S, "nothing waited, yet the dispatcher kept the fast pace"
+        since = len(reports)
+        await asyncio.sleep(0.5)  # about 50 steps
+        assert len(reports) - since <= 15, f"{len(reports) - since} reports in 0.5 s at the idle pace"
+        waiting = asyncio.create_task(service.submit("b", "B", 10, 100))  # 260 + 110 > 300: it waits
+        for _ in range(100):
+            if w._report_linger == REPORT_LINGER_S:
+                break
+            await asyncio.sleep(0.01)
+        assert w._report_linger == REPORT_LINGER_S, "a request waits, yet the worker kept holding its reports"
+        await running
+        placement = await asyncio.wait_for(waiting, 5)
+        assert placement.request_id == "b"
         await shutdown(service, workers)
 
     asyncio.run(scenario())
