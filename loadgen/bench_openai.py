@@ -184,6 +184,22 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
     )
 
 
+async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> None:
+    """One loaded pass, not measured: a server's first one after it started ran slower here."""
+    chat = {
+        "model": config.model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": config.max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(timeout=300, headers=headers, limits=limits) as c:
+        url = base_url + "/chat/completions"
+        await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat))
+
+
 # ----------------------------------------------------------------------------- the arms
 
 
@@ -244,8 +260,9 @@ def bench_openai(
     config: OpenAIBenchConfig, front_doors: Sequence[str] = ("direct",), log_dir: Path | None = None, rounds: int = 4
 ) -> dict[str, Any]:
     """The engine alone, up for the whole run, and each front door's gateway started beside it in turn.
-    ``rounds`` times, each of the two is measured while the other is paused (its whole process tree
-    stopped), alone first in even rounds and the gateway first in odd ones. Every pass has the machine
+    Both warm up first (one loaded pass each, not measured). Then ``rounds`` times, each of the two is
+    measured while the other is paused (its whole process tree stopped), alone first in even rounds and
+    the gateway first in odd ones. Every pass has the machine
     to itself, and a round's two passes are seconds apart: the machine's own drift (this 2-core VM's
     speed moved by a fifth within minutes, one server's figures with it) falls out of each round's
     ratio. Per arm the median of its rounds; per gateway arm the median of its rounds' ratios."""
@@ -262,6 +279,10 @@ def bench_openai(
             log = log_dir / f"gateway-{door}.log" if log_dir is not None else None
             with through_gateway(config, _free_port(), door, log) as (base, key, gateway_pid):
                 arms = {"alone": (alone_base, "none", gateway_pid), door: (base, key, alone_pid)}
+                for url, api_key, other in arms.values():  # both warm (a first loaded pass ran slower)
+                    with paused(other):
+                        time.sleep(RESUME_SETTLE_S)
+                        asyncio.run(warm_up(url, api_key, config))
                 for i in range(rounds):
                     got: dict[str, ArmResult] = {}
                     for arm in ("alone", door) if i % 2 == 0 else (door, "alone"):
