@@ -46,9 +46,9 @@ RELAY_LINGER_S = 0.025
 # Step reports go to the dispatcher at most once per this interval, the steps in between merged: a GPU's
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
 # message (about 200 us of CPU at each end here) per step. It is the pace while requests wait in the
-# dispatcher (which learns of a finish at most this much later), for a report that says a request
-# started, and a worker's pace until the dispatcher says otherwise (``Pace``: longer while nothing waits,
-# at most REPORT_LINGER_MAX_S).
+# dispatcher, for a report that says a request started or finished (the dispatcher learns of either at
+# most this much later), and a worker's pace until the dispatcher says otherwise (``Pace``: longer
+# while nothing waits, at most REPORT_LINGER_MAX_S).
 REPORT_LINGER_S = 0.005
 REPORT_LINGER_MAX_S = 0.5
 
@@ -97,8 +97,8 @@ class Worker:
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
         self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
-        self._hurry = asyncio.Event()  # the pace got shorter, or a request started: a held report goes
-        self._starts_unsent = 0  # requests started since the last report went
+        self._hurry = asyncio.Event()  # the pace changed, or a request started or ended: a held report goes
+        self._starts_ends_unsent = 0  # requests started or finished since the last report went
         self._first_token_at: dict[str, float] = {}  # request id -> when its first output tokens came
         self._draining = False
         self._released = asyncio.Event()
@@ -148,8 +148,8 @@ class Worker:
 
     def _on_step(self, report: StepReport) -> None:
         running = self._running
-        if report.started:
-            self._starts_unsent += len(report.started)
+        if report.started or report.finished:
+            self._starts_ends_unsent += len(report.started) + len(report.finished)
             self._hurry.set()
         for rid, n in report.started.items():
             if rid in running:
@@ -258,7 +258,7 @@ class Worker:
             reported = loop.time()
             if not outbox.empty():
                 msg, held = _merge_queued(msg, outbox)
-            self._starts_unsent = 0
+            self._starts_ends_unsent = 0
             add_first_token_ages(msg.report, self._first_token_at, time.monotonic())
             yield msg
             if held is _CLOSED:
@@ -266,11 +266,12 @@ class Worker:
 
     async def _report_pace(self, reported: float) -> None:
         """Until the next report may go: the dispatcher's pace after the last one (``reported``), or the
-        fast pace once a request has started since (the dispatcher's admission counts the requests on
-        their way to an engine until it hears they started) or the dispatcher asks for it."""
+        fast pace once a request has started or finished since, or the dispatcher asks for it. Starts:
+        admission counts the requests on their way to an engine until it hears they started. Finishes:
+        a client reading its usage right after its answer finds it charged."""
         loop = asyncio.get_running_loop()
         while True:
-            fast = self._starts_unsent > 0 or self._report_linger <= REPORT_LINGER_S
+            fast = self._starts_ends_unsent > 0 or self._report_linger <= REPORT_LINGER_S
             wait = reported + (REPORT_LINGER_S if fast else self._report_linger) - loop.time()
             if wait <= 0:
                 return
