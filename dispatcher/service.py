@@ -371,11 +371,10 @@ class DispatcherService:
                     self._forget_orphan(st.request_id)
             now = self._clock()
             if self._observe:
-                ages = r.first_token_age_s
                 for t in r.new_tokens:
                     req = in_flight.get(t.request_id)
                     if req is not None and req.output_tokens == 0 and t.tokens > 0:
-                        self.ttft.observe(now - req.arrival - ages.get(t.request_id, 0.0))
+                        self.ttft.observe(now - req.arrival)
             s.on_report(
                 worker_id,
                 {t.request_id: t.tokens for t in r.new_tokens},

@@ -98,8 +98,7 @@ class Worker:
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
         self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
         self._hurry = asyncio.Event()  # the pace changed, or a request started or ended: a held report goes
-        self._starts_ends_unsent = 0  # requests started or finished since the last report went
-        self._first_token_at: dict[str, float] = {}  # request id -> when its first output tokens came
+        self._urgent = False  # a request started or finished since the last report went
         self._draining = False
         self._released = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -149,7 +148,7 @@ class Worker:
     def _on_step(self, report: StepReport) -> None:
         running = self._running
         if report.started or report.finished:
-            self._starts_ends_unsent += len(report.started) + len(report.finished)
+            self._urgent = True
             self._hurry.set()
         for rid, n in report.started.items():
             if rid in running:
@@ -157,10 +156,7 @@ class Worker:
                 running[rid].started = True
         for rid, k in report.new_tokens.items():
             if rid in running:
-                r = running[rid]
-                if not r.reported and k:
-                    self._first_token_at[rid] = time.monotonic()
-                r.reported += k
+                running[rid].reported += k
             elif rid in self._ended:  # its last step's report came after its stream ended
                 self._ended[rid][0].reported += k
         for f in report.finished:
@@ -238,7 +234,6 @@ class Worker:
             return
         stale, outbox = self._outbox, asyncio.Queue()
         self._outbox = outbox
-        self._first_token_at.clear()  # their reports were dropped with the stale outbox
         self._report_linger = REPORT_LINGER_S  # a dispatcher (maybe a new one) sets its pace anew
         stale.put_nowait(None)
         yield pb.WorkerMessage(hello=self._hello())
@@ -258,8 +253,7 @@ class Worker:
             reported = loop.time()
             if not outbox.empty():
                 msg, held = _merge_queued(msg, outbox)
-            self._starts_ends_unsent = 0
-            add_first_token_ages(msg.report, self._first_token_at, time.monotonic())
+            self._urgent = False
             yield msg
             if held is _CLOSED:
                 return
@@ -268,10 +262,11 @@ class Worker:
         """Until the next report may go: the dispatcher's pace after the last one (``reported``), or the
         fast pace once a request has started or finished since, or the dispatcher asks for it. Starts:
         admission counts the requests on their way to an engine until it hears they started. Finishes:
-        a client reading its usage right after its answer finds it charged."""
+        a client reading its usage right after its answer finds it charged. A request's first tokens come
+        in its start's step, so the dispatcher's first-token latency never waits on the pace."""
         loop = asyncio.get_running_loop()
         while True:
-            fast = self._starts_ends_unsent > 0 or self._report_linger <= REPORT_LINGER_S
+            fast = self._urgent or self._report_linger <= REPORT_LINGER_S
             wait = reported + (REPORT_LINGER_S if fast else self._report_linger) - loop.time()
             if wait <= 0:
                 return
@@ -438,17 +433,6 @@ def _announced(request_id: str, r: _Running) -> pb.RunningRequest:
 
 
 _CLOSED = pb.WorkerMessage()  # the outbox's end, found while merging
-
-
-def add_first_token_ages(report: pb.StepReport, first_token_at: dict[str, float], now: float) -> None:
-    """How long ``report`` held each first output it carries (``first_token_at``: when they came, taken
-    out as they go): the dispatcher's first-token latency is the engine's, not the report pace's."""
-    if not first_token_at:
-        return
-    for t in report.new_tokens:
-        at = first_token_at.pop(t.request_id, None)
-        if at is not None:
-            report.first_token_age_s[t.request_id] = now - at
 
 
 def _merge_queued(

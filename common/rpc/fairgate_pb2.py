@@ -24,15 +24,13 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"k\n\x0e\x41\x64missionFrame\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12,\n\x06submit\x18\x02 \x01(\x0b\x32\x1a.fairgate.v1.SubmitRequestH\x00\x12\x12\n\x08withdraw\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"\xd0\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\r\n\x05retry\x18\x05 \x01(\x08\x12\x10\n\x08key_hash\x18\x06 \x01(\t\x12\r\n\x05model\x18\x07 \x01(\t\x12\x0e\n\x06prefix\x18\x08 \x03(\x03\x12\x14\n\x0c\x62lock_tokens\x18\t \x01(\x05\x12\x11\n\x04tier\x18\n \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_tier\"\xb4\x01\n\x0bSubmitReply\x12\x10\n\x08rejected\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x01\x12\x14\n\x0cservice_tier\x18\x04 \x01(\t\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12#\n\x06ticket\x18\x07 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\x12*\n\x05\x65nded\x18\x07 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"v\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\"\xd5\x02\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\x12\x46\n\x11\x66irst_token_age_s\x18\x08 \x03(\x0b\x32+.fairgate.v1.StepReport.FirstTokenAgeSEntry\x1a\x35\n\x13\x46irstTokenAgeSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"o\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xdc\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x12!\n\x04pace\x18\x05 \x01(\x0b\x32\x11.fairgate.v1.PaceH\x00\x42\x06\n\x04kind\"!\n\x04Pace\x12\x19\n\x11report_interval_s\x18\x01 \x01(\x01\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xa6\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_group\x18\x08 \x01(\t\"\x8e\x02\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x63hoices\x18\x06 \x01(\x05\x12\x45\n\rtrace_context\x18\x07 \x03(\x0b\x32..fairgate.v1.GenerateRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb3\x01\n\rGenerateChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12%\n\x07refusal\x18\x07 \x01(\x0b\x32\x14.fairgate.v1.Refusal\":\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x32W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63ommon/rpc/fairgate.proto\x12\x0b\x66\x61irgate.v1\"k\n\x0e\x41\x64missionFrame\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12,\n\x06submit\x18\x02 \x01(\x0b\x32\x1a.fairgate.v1.SubmitRequestH\x00\x12\x12\n\x08withdraw\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"\xd0\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\r\n\x05retry\x18\x05 \x01(\x08\x12\x10\n\x08key_hash\x18\x06 \x01(\t\x12\r\n\x05model\x18\x07 \x01(\t\x12\x0e\n\x06prefix\x18\x08 \x03(\x03\x12\x14\n\x0c\x62lock_tokens\x18\t \x01(\x05\x12\x11\n\x04tier\x18\n \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_tier\"\xb4\x01\n\x0bSubmitReply\x12\x10\n\x08rejected\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x01\x12\x14\n\x0cservice_tier\x18\x04 \x01(\t\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12#\n\x06ticket\x18\x07 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x12\n\nrequest_id\x18\x08 \x01(\t\"\x90\x01\n\rWorkerMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.fairgate.v1.HelloH\x00\x12)\n\x06report\x18\x02 \x01(\x0b\x32\x17.fairgate.v1.StepReportH\x00\x12\'\n\x07goodbye\x18\x03 \x01(\x0b\x32\x14.fairgate.v1.GoodbyeH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tkv_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bmax_running\x18\x04 \x01(\x05\x12\x13\n\x0b\x66ree_tokens\x18\x05 \x01(\x03\x12,\n\x07running\x18\x06 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\x12*\n\x05\x65nded\x18\x07 \x03(\x0b\x32\x1b.fairgate.v1.RunningRequest\"v\n\x0eRunningRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\x15\n\routput_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\"\xd6\x01\n\nStepReport\x12%\n\x07started\x18\x01 \x03(\x0b\x32\x14.fairgate.v1.Started\x12+\n\nnew_tokens\x18\x02 \x03(\x0b\x32\x17.fairgate.v1.TokenCount\x12\'\n\x08\x66inished\x18\x03 \x03(\x0b\x32\x15.fairgate.v1.Finished\x12\x13\n\x0b\x66ree_tokens\x18\x04 \x01(\x03\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x14\n\x0cstep_seconds\x18\x07 \x01(\x01\"o\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x15\n\rcached_tokens\x18\x05 \x01(\x05\"0\n\nTokenCount\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x05\"E\n\x08\x46inished\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x19\n\x07Goodbye\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xdc\x01\n\x11\x44ispatcherMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.fairgate.v1.WelcomeH\x00\x12#\n\x05\x64rain\x18\x02 \x01(\x0b\x32\x12.fairgate.v1.DrainH\x00\x12#\n\x05\x61\x62ort\x18\x03 \x01(\x0b\x32\x12.fairgate.v1.AbortH\x00\x12)\n\x08released\x18\x04 \x01(\x0b\x32\x15.fairgate.v1.ReleasedH\x00\x12!\n\x04pace\x18\x05 \x01(\x0b\x32\x11.fairgate.v1.PaceH\x00\x42\x06\n\x04kind\"!\n\x04Pace\x12\x19\n\x11report_interval_s\x18\x01 \x01(\x01\" \n\x07Welcome\x12\x15\n\rdispatcher_id\x18\x01 \x01(\t\"\x07\n\x05\x44rain\"\n\n\x08Released\"\x1b\n\x05\x41\x62ort\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\xa6\x01\n\x06Ticket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x12\n\nexpires_at\x18\x04 \x01(\x01\x12\x11\n\tsignature\x18\x05 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x05\x12\x12\n\nmax_tokens\x18\x07 \x01(\x05\x12\x13\n\x0b\x63\x61\x63he_group\x18\x08 \x01(\t\"\x8e\x02\n\x0fGenerateRequest\x12#\n\x06ticket\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.Ticket\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x63hoices\x18\x06 \x01(\x05\x12\x45\n\rtrace_context\x18\x07 \x03(\x0b\x32..fairgate.v1.GenerateRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb3\x01\n\rGenerateChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06status\x18\x02 \x01(\x05\x12\x14\n\x0c\x63ontent_type\x18\x03 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12%\n\x07refusal\x18\x07 \x01(\x0b\x32\x14.fairgate.v1.Refusal\":\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x32W\n\nDispatcher\x12I\n\x07\x43onnect\x12\x1a.fairgate.v1.WorkerMessage\x1a\x1e.fairgate.v1.DispatcherMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.rpc.fairgate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STEPREPORT_FIRSTTOKENAGESENTRY']._loaded_options = None
-  _globals['_STEPREPORT_FIRSTTOKENAGESENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_ADMISSIONFRAME']._serialized_start=42
@@ -48,39 +46,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNNINGREQUEST']._serialized_start=889
   _globals['_RUNNINGREQUEST']._serialized_end=1007
   _globals['_STEPREPORT']._serialized_start=1010
-  _globals['_STEPREPORT']._serialized_end=1351
-  _globals['_STEPREPORT_FIRSTTOKENAGESENTRY']._serialized_start=1298
-  _globals['_STEPREPORT_FIRSTTOKENAGESENTRY']._serialized_end=1351
-  _globals['_STARTED']._serialized_start=1353
-  _globals['_STARTED']._serialized_end=1464
-  _globals['_TOKENCOUNT']._serialized_start=1466
-  _globals['_TOKENCOUNT']._serialized_end=1514
-  _globals['_FINISHED']._serialized_start=1516
-  _globals['_FINISHED']._serialized_end=1585
-  _globals['_GOODBYE']._serialized_start=1587
-  _globals['_GOODBYE']._serialized_end=1612
-  _globals['_DISPATCHERMESSAGE']._serialized_start=1615
-  _globals['_DISPATCHERMESSAGE']._serialized_end=1835
-  _globals['_PACE']._serialized_start=1837
-  _globals['_PACE']._serialized_end=1870
-  _globals['_WELCOME']._serialized_start=1872
-  _globals['_WELCOME']._serialized_end=1904
-  _globals['_DRAIN']._serialized_start=1906
-  _globals['_DRAIN']._serialized_end=1913
-  _globals['_RELEASED']._serialized_start=1915
-  _globals['_RELEASED']._serialized_end=1925
-  _globals['_ABORT']._serialized_start=1927
-  _globals['_ABORT']._serialized_end=1954
-  _globals['_TICKET']._serialized_start=1957
-  _globals['_TICKET']._serialized_end=2123
-  _globals['_GENERATEREQUEST']._serialized_start=2126
-  _globals['_GENERATEREQUEST']._serialized_end=2396
-  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_start=2345
-  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_end=2396
-  _globals['_GENERATECHUNK']._serialized_start=2399
-  _globals['_GENERATECHUNK']._serialized_end=2578
-  _globals['_REFUSAL']._serialized_start=2580
-  _globals['_REFUSAL']._serialized_end=2638
-  _globals['_DISPATCHER']._serialized_start=2640
-  _globals['_DISPATCHER']._serialized_end=2727
+  _globals['_STEPREPORT']._serialized_end=1224
+  _globals['_STARTED']._serialized_start=1226
+  _globals['_STARTED']._serialized_end=1337
+  _globals['_TOKENCOUNT']._serialized_start=1339
+  _globals['_TOKENCOUNT']._serialized_end=1387
+  _globals['_FINISHED']._serialized_start=1389
+  _globals['_FINISHED']._serialized_end=1458
+  _globals['_GOODBYE']._serialized_start=1460
+  _globals['_GOODBYE']._serialized_end=1485
+  _globals['_DISPATCHERMESSAGE']._serialized_start=1488
+  _globals['_DISPATCHERMESSAGE']._serialized_end=1708
+  _globals['_PACE']._serialized_start=1710
+  _globals['_PACE']._serialized_end=1743
+  _globals['_WELCOME']._serialized_start=1745
+  _globals['_WELCOME']._serialized_end=1777
+  _globals['_DRAIN']._serialized_start=1779
+  _globals['_DRAIN']._serialized_end=1786
+  _globals['_RELEASED']._serialized_start=1788
+  _globals['_RELEASED']._serialized_end=1798
+  _globals['_ABORT']._serialized_start=1800
+  _globals['_ABORT']._serialized_end=1827
+  _globals['_TICKET']._serialized_start=1830
+  _globals['_TICKET']._serialized_end=1996
+  _globals['_GENERATEREQUEST']._serialized_start=1999
+  _globals['_GENERATEREQUEST']._serialized_end=2269
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_start=2218
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_end=2269
+  _globals['_GENERATECHUNK']._serialized_start=2272
+  _globals['_GENERATECHUNK']._serialized_end=2451
+  _globals['_REFUSAL']._serialized_start=2453
+  _globals['_REFUSAL']._serialized_end=2511
+  _globals['_DISPATCHER']._serialized_start=2513
+  _globals['_DISPATCHER']._serialized_end=2600
 # @@protoc_insertion_point(module_scope)

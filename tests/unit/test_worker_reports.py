@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from common.rpc import fairgate_pb2 as pb
-from workers.worker import _CLOSED, _merge_queued, add_first_token_ages
+from workers.worker import _CLOSED, _merge_queued
 
 
 def report(started=(), tokens=(), finished=(), free=0, seconds=0.001) -> pb.WorkerMessage:
@@ -46,14 +46,3 @@ def test_the_outbox_end_found_while_merging_is_kept():
     outbox.put_nowait(None)
     merged, held = _merge_queued(report(tokens=[("a", 1)]), outbox)
     assert held is _CLOSED and merged.report.new_tokens[0].tokens == 2
-
-
-def test_a_held_report_says_how_long_it_held_each_first_output_and_only_the_first():
-    first_token_at = {"a": 10.0, "c": 10.2}  # "c" is not in this report: it stays for the report that has it
-    r = report(tokens=[("a", 2), ("b", 1)]).report
-    add_first_token_ages(r, first_token_at, 10.05)
-    assert dict(r.first_token_age_s) == {"a": 10.05 - 10.0}
-    assert first_token_at == {"c": 10.2}
-    later = report(tokens=[("a", 1)]).report
-    add_first_token_ages(later, first_token_at, 10.3)
-    assert dict(later.first_token_age_s) == {}
