@@ -137,9 +137,9 @@ async def _closed_loops(
     return results, errors, time.perf_counter() - t0
 
 
-async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
-    headers = {"Authorization": f"Bearer {api_key}"}
-    chat = {
+def _chat(config: OpenAIBenchConfig) -> dict[str, Any]:
+    """The streamed chat request every loaded and light-load pass sends."""
+    return {
         "model": config.model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": config.max_tokens,
@@ -147,21 +147,25 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def _client(api_key: str, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {api_key}"}, limits=limits)
+
+
+async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
+    chat = _chat(config)
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
-
-    def client(connections: int) -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        return httpx.AsyncClient(timeout=300, headers=headers, limits=limits)
-
     kinds: collections.Counter[str] = collections.Counter()
-    async with client(config.concurrency) as c:
+    async with _client(api_key, config.concurrency) as c:
         await _closed_loops(4, 8, lambda: _stream_one(c, url, chat))  # warm up both ways
         light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(c, url, chat), kinds)
         loaded, errors, seconds = await _closed_loops(
             config.concurrency, config.requests, lambda: _stream_one(c, url, chat), kinds
         )
-    async with client(config.short_concurrency) as c:
+    async with _client(api_key, config.short_concurrency) as c:
 
         async def one_short() -> int:
             r = await c.post(base_url + "/completions", json=short)
@@ -186,17 +190,8 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
 
 async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> None:
     """One loaded pass, not measured: a server's first one after it started ran slower here."""
-    chat = {
-        "model": config.model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": config.max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
-    headers = {"Authorization": f"Bearer {api_key}"}
-    async with httpx.AsyncClient(timeout=300, headers=headers, limits=limits) as c:
-        url = base_url + "/chat/completions"
+    chat, url = _chat(config), base_url + "/chat/completions"
+    async with _client(api_key, config.concurrency) as c:
         await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat))
 
 
