@@ -15,6 +15,7 @@ import openai
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
+from ray.serve import api as serve_api
 
 from common.config import GatewayConfig
 from common.loopback import front_door
@@ -52,12 +53,14 @@ class Gateway:
         serve.run(app, name=self.name, route_prefix=f"/{self.name}")
 
     def delete(self) -> None:
-        serve.delete(self.name)
+        """Remove the application; its replicas finish shutting down while the next test starts (each
+        gateway's own names and ports, so nothing of it is reused)."""
+        serve.delete(self.name, _blocking=False)
         with contextlib.suppress(ValueError):
             ray.kill(ray.get_actor(dispatcher_name(self.name), namespace="fairgate"))
 
 
-def deploy(
+def start_deploy(
     name: str,
     port: int,
     *,
@@ -81,8 +84,12 @@ def deploy(
     tree: list[dict[str, Any]] | None = None,
     classes: list[dict[str, Any]] | None = None,
     tenant_fields: dict[str, dict[str, Any]] | None = None,
-) -> Gateway:
-    """A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given.
+) -> Deploying:
+    """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
+    several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
+    process importing at a time).
+
+    A gateway with simulated workers (constant step time), or vLLM workers when ``vllm`` is given.
     ``models``: several pools instead, each ``{name, tenants, workers}`` whose workers update the
     simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares.
     ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
@@ -135,12 +142,38 @@ def deploy(
     config, _ = parse_config(raw)
     secret = secrets.token_hex(16)
     listen = f"127.0.0.1:{free_port()}" if front_door() == "direct" else None
-    serve.run(build_app(name, config, secret, listen), name=name, route_prefix=f"/{name}")
+    serve_api._run(build_app(name, config, secret, listen), _blocking=False, name=name, route_prefix=f"/{name}")
     proxied = f"http://127.0.0.1:{port}/{name}"
     base = f"http://{listen}" if listen else proxied
-    wait_until_routed(base)
-    wait_until_routed(proxied)
-    return Gateway(name, base + "/v1", keys, config, secret, raw, admin_key, listen, proxied + "/v1")
+    return Deploying(Gateway(name, base + "/v1", keys, config, secret, raw, admin_key, listen, proxied + "/v1"))
+
+
+def deploy(name: str, port: int, **options: Any) -> Gateway:
+    """A gateway (see ``start_deploy``), once it serves."""
+    return start_deploy(name, port, **options).ready()
+
+
+@dataclass
+class Deploying:
+    """A gateway Serve is starting."""
+
+    gateway: Gateway
+
+    def ready(self, timeout_s: float = 600.0) -> Gateway:
+        """The gateway once every deployment of its application runs and both front doors route to it."""
+        name = self.gateway.name
+        deadline = time.monotonic() + timeout_s
+        while True:
+            app = serve.status().applications.get(name)
+            status = app.status if app is not None else "NOT_STARTED"
+            if status == "RUNNING":
+                break
+            if status == "DEPLOY_FAILED" or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway {name} did not start ({status}): {app.message if app else ''}")
+            time.sleep(0.2)
+        wait_until_routed(self.gateway.base_url.removesuffix("/v1"))
+        wait_until_routed(self.gateway.proxied_url.removesuffix("/v1"))
+        return self.gateway
 
 
 def holds_nothing(gw: Gateway, tenant: str, within_s: float = 15.0) -> dict[str, Any]:

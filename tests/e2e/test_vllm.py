@@ -5,8 +5,10 @@ tenant's body may not override, and fairness between two tenants flooding one vL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -19,7 +21,7 @@ from workers.engines.vllm.prompts import HuggingFacePrompts
 from workers.engines.vllm.reference_server import vllm_server
 from workers.engines.vllm.settings import VllmSettings
 
-from .gateway_helpers import MAX_TOKENS, Gateway, deploy, holds_nothing, overload
+from .gateway_helpers import MAX_TOKENS, Gateway, holds_nothing, overload, start_deploy
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +34,23 @@ LOAD = {"alice": 10, "bob": 20}  # closed-loop clients; the pool holds about 8 r
 
 
 @pytest.fixture(scope="module")
-def vtc_gateway(serve_port):
-    gw = deploy("vllm-vtc", serve_port, policy="vtc", workers=1, vllm=VLLM)
-    yield gw
-    gw.delete()
+def engines(serve_port, tmp_path_factory):
+    """Every engine of the module, started at once: the gateways under VTC and under FCFS, and vLLM's
+    own OpenAI server with the same model, engine and serving settings as the gateways' workers."""
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as pool:
+        alone = pool.submit(stack.enter_context, vllm_server(VllmSettings.from_dict(VLLM), "tiny", free_port(), log))
+        starting = {p: start_deploy(f"vllm-{p}", serve_port, policy=p, workers=1, vllm=VLLM) for p in ("vtc", "fcfs")}
+        try:
+            yield {**{p: d.ready() for p, d in starting.items()}, "alone": alone.result()}
+        finally:
+            for d in starting.values():
+                d.gateway.delete()
+
+
+@pytest.fixture(scope="module")
+def vtc_gateway(engines) -> Gateway:
+    return engines["vtc"]
 
 
 @pytest.fixture(scope="module")
@@ -225,11 +240,8 @@ def answer(base_url: str, key: str, endpoint: str, body: dict[str, Any]) -> tupl
 
 
 @pytest.fixture(scope="module")
-def vllm_alone(tmp_path_factory):
-    """vLLM's own OpenAI server, same model, engine and serving settings as the gateway's worker."""
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with vllm_server(VllmSettings.from_dict(VLLM), "tiny", free_port(), log) as base:
-        yield base
+def vllm_alone(engines) -> str:
+    return engines["alone"]
 
 
 @pytest.mark.parametrize("case", list(PARITY_CASES))
@@ -303,14 +315,8 @@ def test_gateway_sees_the_vllm_pool_and_frees_it(vtc_gateway):
 
 
 @pytest.fixture(scope="module")
-def runs(vtc_gateway, serve_port):
-    out = {"vtc": asyncio.run(overload(vtc_gateway, seconds=10.0, load=LOAD, warmup_s=4.0))}
-    gw = deploy("vllm-fcfs", serve_port, policy="fcfs", workers=1, vllm=VLLM)
-    try:
-        out["fcfs"] = asyncio.run(overload(gw, seconds=10.0, load=LOAD, warmup_s=4.0))
-    finally:
-        gw.delete()
-    return out
+def runs(engines):
+    return {p: asyncio.run(overload(engines[p], seconds=10.0, load=LOAD, warmup_s=4.0)) for p in ("vtc", "fcfs")}
 
 
 def test_vtc_keeps_two_tenants_flooding_vllm_within_2u(runs):
