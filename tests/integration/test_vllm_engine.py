@@ -239,3 +239,23 @@ def test_a_caller_leaving_after_the_prefill_began_leaves_the_prompt_charged(engi
     finished = [f for r in engine.reports for f in r.finished if f.id == "gone"]
     assert started.get("gone", 0) > 500  # the prompt's exact tokens
     assert [f.reason for f in finished] == ["abort"]
+
+
+def test_the_workers_openai_layer_leaves_out_only_the_http_servers_middleware(engine):
+    """vLLM's app, as the worker drives it in-process: no CORS and no HTTP instrumentator (they serve a
+    server's clients, and cost CPU on every message of every stream), its other middleware kept, and
+    it answers."""
+    from workers.asgi_call import call_asgi
+    from workers.engines.vllm.openai_layer import SERVER_ONLY_MIDDLEWARE
+
+    app = engine.run(engine.runner.openai_app())
+    names = [m.cls.__name__ for m in app.user_middleware]
+    assert "ScalingMiddleware" in names and not set(names) & set(SERVER_ONLY_MIDDLEWARE), names
+
+    async def ask():
+        body = b'{"model": "tiny", "prompt": "hello", "max_tokens": 3, "ignore_eos": true}'
+        response = await call_asgi(app, "/v1/completions", body, {"content-type": "application/json"})
+        return response.status, b"".join([piece async for piece in response.body])
+
+    status, text = engine.run(ask())
+    assert status == 200 and b'"completion_tokens":3' in text, text
