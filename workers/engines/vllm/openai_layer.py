@@ -75,7 +75,9 @@ async def build_vllm_app(runner: Any) -> Any:
     tasks = await runner.llm.get_supported_tasks()
     app = build_app(args, tasks, runner.llm.model_config)
     await init_app_state(engine, app.state, args, tasks)
-    app.user_middleware = [m for m in app.user_middleware if not _server_only(m.cls)]
+    app.user_middleware = [
+        m for m in app.user_middleware if getattr(m.cls, "__name__", "") not in SERVER_ONLY_MIDDLEWARE
+    ]
     return app
 
 
@@ -85,7 +87,3 @@ async def build_vllm_app(runner: Any) -> Any:
 # stream (7% of the worker replica's CPU in a py-spy profile under load). ``serve_args``' own
 # ``--middleware`` and the rest stay.
 SERVER_ONLY_MIDDLEWARE = ("CORSMiddleware", "PrometheusInstrumentatorMiddleware")
-
-
-def _server_only(middleware: Any) -> bool:
-    return getattr(middleware, "__name__", "") in SERVER_ONLY_MIDDLEWARE
