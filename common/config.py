@@ -375,6 +375,9 @@ def _check_tree(tree: list[NodeConfig], tenants: list[TenantConfig], classes: li
         raise ConfigError(f"{where}: tree: {exc}") from None
 
 
+REMOVED_SETTINGS = ("reserve", "output_reserve_cap")  # admission by reservation (before admission by usage)
+
+
 def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any]:
     policy = make_policy(str(raw.get("policy", "vtc"))).spec
     placement = make_placement(str(raw.get("placement", "most-room"))).name
@@ -383,16 +386,17 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
     strict = raw.get("strict_head_of_line", True)
     if not isinstance(strict, bool):
         raise ValueError(f"strict_head_of_line must be true or false, got {strict!r}")
-    reserve = raw.get("output_reserve_cap")
-    if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0):
-        raise ValueError(f"output_reserve_cap must be a whole number >= 0, got {reserve!r}")
+    for gone in REMOVED_SETTINGS:
+        if gone in raw:
+            raise ValueError(
+                f"{gone} is no longer a setting: requests are admitted by each engine's own rule "
+                "(room for the prompt now), and nothing is reserved for output"
+            )
     return SchedulerConfig(
-        reserve=str(raw.get("reserve", "predicted")),
         policy=policy,
         cost=cost,
         placement=placement,
         strict_head_of_line=strict,
-        output_reserve_cap=reserve,
         max_queued_per_tenant=limits.max_queued_per_tenant,
         max_queued=limits.max_queued,
         max_queue_s=limits.max_queue_s,

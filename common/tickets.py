@@ -30,6 +30,7 @@ class TicketFields:
     prompt_tokens: int = 0  # the admitted size: the worker serves at most this
     max_tokens: int = 0
     cache_group: str = ""  # the prefix-cache salt's owner: the tenant's sharing group ("" : the tenant)
+    priority: int = 0  # the engine's preemption rank (larger: preempted first), where the engine takes one
 
 
 def _encode(parts: list[str]) -> bytes:
@@ -39,7 +40,7 @@ def _encode(parts: list[str]) -> bytes:
 
 def _message(f: TicketFields) -> bytes:
     parts = [f.request_id, f.tenant, f.worker_id, repr(float(f.expires_at)), str(f.prompt_tokens), str(f.max_tokens)]
-    parts.append(f.cache_group)
+    parts += [f.cache_group, str(f.priority)]
     return _encode(parts)
 
 
@@ -60,6 +61,7 @@ def ticket_message(fields: TicketFields, signature: bytes) -> pb.Ticket:
         prompt_tokens=f.prompt_tokens,
         max_tokens=f.max_tokens,
         cache_group=f.cache_group,
+        priority=f.priority,
         signature=signature,
     )
 
@@ -73,6 +75,7 @@ def ticket_fields(ticket: pb.Ticket) -> TicketFields:
         ticket.prompt_tokens,
         ticket.max_tokens,
         ticket.cache_group,
+        ticket.priority,
     )
 
 

@@ -294,7 +294,7 @@ class DispatcherService:
                 continue
             group = self.cache_groups.get(req.tenant, "")
             fields = TicketFields(
-                req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens, group
+                req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens, group, req.priority
             )
             link = self._links.get(a.worker_id)
             future.set_result(
@@ -352,7 +352,9 @@ class DispatcherService:
         s = self.scheduler
         if kind == "hello":
             h = msg.hello
-            s.worker_join(h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens))
+            s.worker_join(
+                h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens), int(h.watermark_tokens)
+            )
             for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
                 if s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens):
                     self._forget_orphan(r.request_id)

@@ -3,6 +3,10 @@
 Nothing here decides anything: arrivals go to ``FairScheduler.submit``, each engine step's report to
 ``on_report`` / ``on_finish``, and ``assign`` picks what starts, exactly as in the Ray dispatcher.
 The clock jumps from event to event (an arrival or the end of some engine's step).
+
+``front="round-robin"`` is the fairness-blind baseline a router such as SGLang's or vLLM's gives:
+each arrival goes straight to the next engine in turn, and each engine admits by its own rule. A
+workload's closed-loop tenants (``Workload.outstanding``) send their next request as one ends.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from dispatcher.core import FairScheduler, SchedulerConfig, make_policy, unit_u
+from dispatcher.core import FairScheduler, SchedulerConfig, engine_queue_slack, make_policy, unit_u
 from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
-from loadgen.workloads import Workload
+from loadgen.workloads import TraceRequest, Workload
 from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 DEFAULT_KV_TOKENS = 10_000
+FRONTS = ("fairgate", "round-robin")
 
 
 @dataclass
@@ -36,9 +41,10 @@ class SimulationConfig:
     step_model: StepTimeModel = field(default_factory=StepTimeModel.a10g_llama7b)
     cost: CostFunction = field(default_factory=LinearCost)
     strict_head_of_line: bool = True
-    output_reserve_cap: int | None = None
-    reserve: str = "full"  # the paper's setting; "predicted": by what each tenant's requests generate
     preemption: bool = True
+    preempt_by: str = "newest"  # the engine's victims: vLLM's default, or "priority" (the dispatcher's ranks)
+    watermark: float = 0.0  # fraction of the KV pool the engines keep free when they admit (vLLM's, 0 by default)
+    front: str = "fairgate"  # or "round-robin": no dispatcher, the engines' own admission
     block_size: int = 1
     max_running: int | None = None  # the engine's batch limit (vLLM's max_num_seqs)
     max_engine_waiting: int = 8
@@ -80,6 +86,8 @@ class Simulation:
                 block_size=config.block_size,
                 max_running=config.max_running,
                 preemption=config.preemption,
+                preempt_by=config.preempt_by,
+                watermark=config.watermark,
                 prefix_caching=config.prefix_caching,
                 ideal_cache=ideal,
             )
@@ -87,8 +95,10 @@ class Simulation:
         ]
         self.worker_ids = [f"engine-{i}" for i in range(config.replicas)]
         self._engine_of = {wid: e for wid, e in zip(self.worker_ids, self.engines, strict=True)}
-        for wid in self.worker_ids:
-            self.scheduler.worker_join(wid, self.kv_tokens, config.max_running)
+        if config.front not in FRONTS:
+            raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {config.front!r}")
+        for wid, engine in zip(self.worker_ids, self.engines, strict=True):
+            self.scheduler.worker_join(wid, self.kv_tokens, config.max_running, watermark=engine.watermark_tokens)
         tenants = workload.tenants
         self.recorder = ServiceRecorder(
             tenants, [workload.weight(t) for t in tenants], config.cost, charge_cached=config.sees_prefix
@@ -97,6 +107,8 @@ class Simulation:
         self.now = 0.0
         self._next_arrival = 0
         self._step_end: list[float | None] = [None] * config.replicas
+        self._turn = 0  # the round-robin front's next engine
+        self._tenant_of: dict[str, TraceRequest] = {}  # closed-loop requests in flight: what to send next
         self._progress = progress
 
     @property
@@ -140,9 +152,11 @@ class Simulation:
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        u = unit_u(self.config.cost, *self.workload.longest(), pool)
+        longest_prompt, longest_output = self.workload.longest()
+        u = unit_u(self.config.cost, longest_prompt, longest_output, pool)
         stated = self.scheduler.policy.bound(u)  # the policy's own (2U + Δ with locality slack), else VTC's
-        bound = 2.0 * u if stated is None else stated
+        queued = self.config.max_engine_waiting * self.config.replicas  # the engines' queues (their depth cap)
+        bound = (2.0 * u if stated is None else stated) + engine_queue_slack(self.config.cost, longest_prompt, queued)
         return summarize(
             self.recorder,
             workload=self.workload.name,
@@ -192,6 +206,7 @@ class Simulation:
             )
             for done in report.finished:
                 sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
+                self._send_next(done.id)
             rec.on_step(self.now, report.started, report.new_tokens, [d.id for d in report.finished], report.cached)
 
     def _admit_arrivals(self) -> None:
@@ -205,9 +220,16 @@ class Simulation:
             if r.klass and not classes:  # flat (the policy has no tree): the class's leaf as a tenant
                 leaf = leaf_name(r.tenant, r.klass, default_class(self.workload.classes))
             rec.on_arrival(rid, leaf, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            if r.tenant in self.workload.outstanding:
+                self._tenant_of[rid] = r
             asked = r.max_tokens or r.output_tokens
             block = self._prefix_block
             prefix = r.prefix if block else ()
+            if self.config.front == "round-robin":
+                engine = self.engines[self._turn % len(self.engines)]
+                self._turn += 1
+                engine.add(self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix))
+                continue
             reason = sched.submit(
                 rid,
                 leaf if not classes else r.tenant,
@@ -226,19 +248,26 @@ class Simulation:
         requests, block = self.workload.requests, self.workload.prefix_block
         for a in self.scheduler.assign(self.now):
             req = a.request
-            prefix = requests[int(req.id)].prefix
-            self._engine_of[a.worker_id].add(
-                EngineRequest(
-                    req.id,
-                    req.prompt_tokens,
-                    req.max_tokens,
-                    req.true_output or req.max_tokens,
-                    prefix=prefix,
-                    prefix_block=block,
-                )
-            )
+            prefix = requests[int(req.id)].prefix if block else ()
+            engine_req = self._engine_request(req.id, req.prompt_tokens, req.max_tokens, req.true_output, prefix)
+            engine_req.priority = req.priority
+            self._engine_of[a.worker_id].add(engine_req)
         for req, _ in self.scheduler.take_dropped():
             self.recorder.on_reject(req.id, self.now, False)
+
+    def _engine_request(
+        self, rid: str, prompt_tokens: int, max_tokens: int, true_output: int | None, prefix: tuple[int, ...]
+    ) -> EngineRequest:
+        block = self.workload.prefix_block
+        return EngineRequest(
+            rid, prompt_tokens, max_tokens, true_output or max_tokens, prefix=prefix, prefix_block=block
+        )
+
+    def _send_next(self, rid: str) -> None:
+        """A closed-loop tenant's request ended: its next one arrives now (a copy of it, same sizes)."""
+        done = self._tenant_of.pop(rid, None)
+        if done is not None and self.now < self.workload.duration_s:
+            self.workload.requests.append(dataclasses.replace(done, arrival_s=self.now))
 
     def _start_steps(self) -> None:
         for i, engine in enumerate(self.engines):

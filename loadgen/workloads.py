@@ -55,6 +55,9 @@ class Workload:
     tree: list[tuple[str, str, float]] = field(default_factory=list)
     parents: dict[str, str] = field(default_factory=dict)
     classes: tuple[RequestClass, ...] = ()
+    # closed-loop tenants: each of their requests, when it ends, is followed at once by a copy of it, so
+    # that their first requests (all arriving at the start) stay outstanding until ``duration_s``
+    outstanding: dict[str, int] = field(default_factory=dict)
 
     @property
     def tenants(self) -> list[str]:

@@ -286,6 +286,7 @@ class Worker:
             kv_tokens=self.runner.kv_tokens,
             max_running=self.runner.max_running or 0,
             free_tokens=self.runner.free_tokens(),
+            watermark_tokens=self.runner.watermark_tokens,
             running=running,
             ended=ended,
         )
@@ -344,7 +345,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         w.generated.popitem(last=False)
     running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
     scope = contextvars.copy_context()
-    scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"]))
+    scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"], t.priority))
     response = None
     assert w.openai_app is not None
     try:

@@ -71,7 +71,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[StepReport, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running", "ended")
+    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running", "ended", "watermark_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Hello(_message.Message):
     FREE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     kv_tokens: int
@@ -86,7 +87,8 @@ class Hello(_message.Message):
     free_tokens: int
     running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
     ended: _containers.RepeatedCompositeFieldContainer[RunningRequest]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ...) -> None: ...
+    watermark_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., watermark_tokens: _Optional[int] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
     __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens")
@@ -199,7 +201,7 @@ class Abort(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group")
+    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,7 @@ class Ticket(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_GROUP_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     worker_id: str
@@ -216,7 +219,8 @@ class Ticket(_message.Message):
     prompt_tokens: int
     max_tokens: int
     cache_group: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices", "trace_context")

@@ -9,7 +9,7 @@ cost functions and length predictors, the worker capacity table, snapshots, the 
 
 from dispatcher.core.capacity import Demand, ReplicaCapacity, desired_replicas
 from dispatcher.core.costs import CostFunction, LinearCost, ProfiledCost, cost_from_spec, fit_profiled_cost
-from dispatcher.core.fairness import backlogged_gap, jain_index, two_u, unit_u
+from dispatcher.core.fairness import backlogged_gap, engine_queue_slack, jain_index, two_u, unit_u
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.placement import PlacementRule, make_placement, placement_names
 from dispatcher.core.policies import FairnessPolicy, make_policy, policy_names, policy_usages
@@ -51,6 +51,7 @@ __all__ = [
     "backlogged_gap",
     "cost_from_spec",
     "desired_replicas",
+    "engine_queue_slack",
     "fit_profiled_cost",
     "jain_index",
     "make_placement",

@@ -32,6 +32,16 @@ def two_u(cost: CostFunction, longest_prompt: int, longest_output: int, pool_tok
     return 2.0 * unit_u(cost, longest_prompt, longest_output, pool_tokens)
 
 
+def engine_queue_slack(cost: CostFunction, longest_prompt: int, queued: int) -> float:
+    """What the engines' own queues add to the bound: ``queued`` requests in all may wait inside the
+    engines (each engine's queue depth, summed), charged at dispatch but not yet served. A tenant's
+    service lags its counter by at most the dispatch charges of its requests in there, and all tenants'
+    together by at most ``queued`` longest prompts; over an interval, at both ends: 2 × queued × h(L, 0).
+    A preemption adds nothing: a preempted request's tokens were served and charged once, and its
+    recomputation is neither service nor charged."""
+    return 2.0 * queued * cost.total(longest_prompt, 0)
+
+
 def backlogged_gap(counters: Mapping[str, float], backlogged: Iterable[str]) -> float:
     """The largest difference between the counters of tenants waiting now (0 with fewer than two)."""
     values = [counters[t] for t in backlogged if t in counters]

@@ -13,7 +13,10 @@ class Request:
     """One request as the dispatcher sees it: metadata only, never the prompt text.
 
     ``charged_output``: output tokens already charged to the tenant's counter (a prediction is charged
-    up front, so it can run ahead of ``output_tokens``). ``need``: KV tokens reserved on its worker.
+    up front, so it can run ahead of ``output_tokens``). ``need``: KV tokens the engine must have free to
+    admit it (its prompt and the first output token's slot: the engine's own rule; nothing is reserved
+    for the output, which the engine's preemption covers). ``priority``: the engine's preemption rank
+    the dispatcher gave it (larger: preempted first).
     ``true_output`` is known only in experiments (the oracle predictor reads it). ``weight``: the
     tenant's weight when it was dispatched, which the dispatch charge was divided by (its refunds and
     corrections use it too). ``prefix``: the chained hashes of the prompt's full blocks of
@@ -39,6 +42,9 @@ class Request:
     prefix: tuple[int, ...] = ()
     block_tokens: int = 0
     cached: int = 0
+    priority: int = 0
+    footprint: int = 0  # KV it is expected to reach: its prompt and its tenant's usual output (the over-commit cap)
+    beyond_room: bool = False  # assigned to wait in its engine's queue (no room for it then)
     passed: int = 0  # times a later request of its tenant went first for its cached prefix
     path: tuple[tuple[str, float], ...] = ()  # its tenant's tree nodes and their weights at dispatch
 

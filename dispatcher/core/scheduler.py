@@ -21,7 +21,7 @@ from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
 from dispatcher.core.classes import RequestClass, check_classes, default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost, cost_from_spec
-from dispatcher.core.fairness import two_u
+from dispatcher.core.fairness import engine_queue_slack, unit_u
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.placement import make_placement
@@ -37,11 +37,11 @@ from dispatcher.core.reasons import (
 from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TenantTree, TreeError, TreeNode
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
-RESERVES = ("full", "predicted")
 LOCAL_TENANTS = 8  # locality slack: tenants looked at per decision, and requests of each
 LOCAL_WINDOW = 16
 MAX_PASSES = 8  # a head request passed over this often for a cached prefix goes next
-RESERVE_HEADROOM = 1.5  # a predicted reserve covers half as much again as the recent mean
+FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
+PRIORITY_SCALE = 100  # preemption ranks in hundredths of a request in flight per unit of weight
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,18 @@ class SchedulerConfig:
 
     ``strict_head_of_line``: when the policy's next request fits nowhere, stop (True, the default) or
     try up to ``relaxed_scan`` further tenants in the policy's order.
-    ``output_reserve_cap``: KV tokens reserved for output per request; None reserves the full
-    ``max_tokens`` (no engine preemption can happen), a number caps the reserve.
-    ``reserve``: ``full`` reserves ``max_tokens`` (capped as above); ``predicted`` reserves what the
-    tenant's recent requests generated (mean of the last 20, times ``RESERVE_HEADROOM``; ``max_tokens``
-    while nothing is known), and the engine's preemption covers a request that outgrows it. A
-    reservation is KV space others cannot use, yet only generated tokens are charged: with ``full``,
-    a tenant whose requests ask for the whole context and stop early holds the pool almost for free;
-    with ``predicted`` it holds what it uses (DESIGN §2b, "reservation is service too").
-    ``max_engine_waiting``: at most this many requests assigned to a worker but not yet running.
+    Admission is by each engine's own rule (``dispatcher.core.workers``): nothing is reserved for a
+    request's output, so a tenant that asks for far more ``max_tokens`` than it uses holds nothing
+    beyond what it uses. ``max_engine_waiting``: the most requests that may wait inside one engine
+    beyond those it can start now (the queue's depth follows the engine's turnover up to this; 0: no
+    queue, so an engine may lack work while its next assignment is on its way); the fairness bound
+    grows with it (``fairness_bound``). ``overcommit``: the requests in flight on a worker are expected
+    to reach at most this many KV pools (each its prompt and its tenant's usual output, the mean of its
+    last 20 times ``FOOTPRINT_HEADROOM``, ``max_tokens`` while nothing is known): past one pool the
+    engine preempts, as it does alone; the cap keeps a tenant of tiny prompts and long outputs from
+    filling an engine with far more than it can hold, whose growth would otherwise run past VTC's
+    bound while the others wait (admitted by prompt alone, such a tenant broke it 2.5x in the paper's
+    ``poisson_short_long_2``; with the cap at 2 it stays at 0.43 of it).
     ``max_queued_per_tenant`` / ``max_queued``: caps on requests waiting (one tenant's / everyone's);
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
     ``classes``: the request classes (``dispatcher.core.classes``; the first one not strict is the
@@ -71,9 +74,8 @@ class SchedulerConfig:
     placement: str = "most-room"
     strict_head_of_line: bool = True
     relaxed_scan: int = 16
-    output_reserve_cap: int | None = None
-    reserve: str = "full"
     max_engine_waiting: int = 8
+    overcommit: float = 2.0
     seed: int = 0
     max_queued_per_tenant: int | None = None
     max_queued: int | None = None
@@ -87,8 +89,10 @@ class SchedulerConfig:
         if self.classes and not policy.tree:
             raise ValueError(f"request classes need a policy that orders by counters, not {policy.name!r}")
         make_placement(self.placement)
-        if self.reserve not in RESERVES:
-            raise ValueError(f"reserve must be one of {', '.join(RESERVES)}, got {self.reserve!r}")
+        if not self.overcommit >= 1.0:
+            raise ValueError(f"overcommit must be at least 1, got {self.overcommit}")
+        if self.max_engine_waiting < 0:
+            raise ValueError(f"max_engine_waiting must be >= 0, got {self.max_engine_waiting}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -105,9 +109,8 @@ class SchedulerConfig:
             placement=str(data.get("placement", "most-room")),
             strict_head_of_line=bool(data.get("strict_head_of_line", True)),
             relaxed_scan=int(data.get("relaxed_scan", 16)),
-            output_reserve_cap=data.get("output_reserve_cap"),
-            reserve=str(data.get("reserve", "full")),
             max_engine_waiting=int(data.get("max_engine_waiting", 8)),
+            overcommit=float(data.get("overcommit", 2.0)),
             seed=int(data.get("seed", 0)),
             max_queued_per_tenant=_optional(data.get("max_queued_per_tenant"), int),
             max_queued=_optional(data.get("max_queued"), int),
@@ -144,12 +147,11 @@ class FairScheduler:
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
         self.ledger = Ledger(self.cost)  # its nodes: the tree's, below
-        # what each tenant's requests generate, for reservations by prediction (None: full reserves)
-        self.reserve_lengths = MovingAveragePredictor() if self.config.reserve == "predicted" else None
         self.prefixes = PrefixIndex()  # which prompt blocks each worker probably caches
         placement = make_placement(self.config.placement)
         placement.attach(self.prefixes)
-        self.workers = WorkerTable(placement, self.config.max_engine_waiting)
+        self.workers = WorkerTable(placement, self.config.max_engine_waiting, self.config.overcommit)
+        self.lengths = MovingAveragePredictor()  # what each tenant's requests generate: their footprints
         self._slack = self.policy.locality_slack  # 0: the policy's order exactly
         self.tenants: dict[str, Tenant] = {}
         self._key = self.policy.key_function(self.tenants)
@@ -261,7 +263,7 @@ class FairScheduler:
         tenant = t.name
         t.submitted += 1
         largest = self.workers.largest_pool
-        if largest and self._need(prompt_tokens, max_tokens) > largest:  # could it ever run alone: its full size
+        if largest and prompt_tokens + max_tokens > largest:  # could it ever run alone: its full size
             t.rejected += 1
             return REJECT_TOO_LARGE
         config = self.config
@@ -274,7 +276,7 @@ class FairScheduler:
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
-        need = self._reservation(tenant, prompt_tokens, max_tokens)
+        need = _admission_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
         if prefix and block_tokens > 0:
             req.prefix, req.block_tokens = tuple(prefix), block_tokens
@@ -319,7 +321,7 @@ class FairScheduler:
             slot = place(req.need, req)
             if slot is None:
                 largest = self.workers.largest_pool
-                if largest and req.need > largest:
+                if largest and req.prompt_tokens + req.max_tokens > largest:
                     self._drop(tenant, req, REJECT_TOO_LARGE)
                     continue
                 if self.config.strict_head_of_line:
@@ -374,6 +376,7 @@ class FairScheduler:
         if slot is not None:
             if free_tokens is not None:
                 slot.free_tokens = free_tokens
+                slot.observe_starts(len(started) if started else 0)
             if running is not None:
                 slot.running = running
             if waiting is not None:
@@ -399,8 +402,8 @@ class FairScheduler:
         self._rekey_if_lower(t, before)
         if reason in ("stop", "length"):
             self.policy.observe(req.tenant, req.output_tokens)
-            if self.reserve_lengths is not None:
-                self.reserve_lengths.observe(req.tenant, req.output_tokens)
+        if req.started:  # an aborted request teaches it too: a footprint is what requests use
+            self.lengths.observe(req.tenant, req.output_tokens)
         return req
 
     def cancel(self, request_id: str) -> bool:
@@ -423,9 +426,15 @@ class FairScheduler:
         return expired
 
     def worker_join(
-        self, worker_id: str, kv_tokens: int, max_running: int | None = None, free_tokens: int | None = None
+        self,
+        worker_id: str,
+        kv_tokens: int,
+        max_running: int | None = None,
+        free_tokens: int | None = None,
+        watermark: int = 0,
     ) -> None:
-        self.workers.join(worker_id, kv_tokens, max_running, free_tokens)
+        """A worker takes work: its KV pool, batch limit, free KV now and admission watermark (tokens)."""
+        self.workers.join(worker_id, kv_tokens, max_running, free_tokens, watermark)
         self.prefixes.join(worker_id, kv_tokens)
 
     def worker_drain(self, worker_id: str) -> None:
@@ -513,7 +522,7 @@ class FairScheduler:
         )
         t.output_tokens += max(0, output_tokens - before_out)
         length = max(max_tokens, output_tokens, 1)
-        need = self._need(prompt_tokens, length)
+        need = _admission_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, length, 0.0, self._next_seq, need)
         self._next_seq += 1
         req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight
@@ -594,7 +603,7 @@ class FairScheduler:
 
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
-        return not self.tree.any_waiting() and self.workers.place(self._need(prompt_tokens, max_tokens)) is not None
+        return not self.tree.any_waiting() and self.workers.place(_admission_need(prompt_tokens)) is not None
 
     def sibling_gaps(self) -> dict[str, float]:
         """Per tree node ("": the root), the largest counter gap between its backlogged children:
@@ -610,9 +619,15 @@ class FairScheduler:
         return gaps
 
     def fairness_bound(self) -> float:
-        """2U for the requests seen so far on the workers taking work now (the live page's bound)."""
-        pool = sum(w.kv_tokens for w in self.workers.slots.values() if not w.draining)
-        return two_u(self.cost, self.longest_prompt, self.longest_output, pool)
+        """The bound on the service gap between two backlogged tenants (weight 1) for the requests seen
+        so far on the workers taking work now (the live page's): VTC's 2U (the policy's own, e.g.
+        2U + Δ, where it states one) plus what the engines' queues can add."""
+        active = [w for w in self.workers.slots.values() if not w.draining]
+        pool = sum(w.kv_tokens for w in active)
+        u = unit_u(self.cost, self.longest_prompt, self.longest_output, pool)
+        stated = self.policy.bound(u)
+        queued = self.config.max_engine_waiting * len(active)
+        return (2.0 * u if stated is None else stated) + engine_queue_slack(self.cost, self.longest_prompt, queued)
 
     def demand(self) -> Demand:
         """Running and waiting load against the workers taking work (the autoscaler's input)."""
@@ -623,7 +638,7 @@ class FairScheduler:
             queued_requests=len(self._queued_ids),
             queued_tokens=sum(t.queued_tokens for t in self.tenants.values() if t.queue),
             running_requests=len(self._in_flight),
-            committed_tokens=sum(w.committed for w in slots),
+            committed_tokens=sum(max(0, w.kv_tokens - w.free_tokens) + w.pending_tokens for w in slots),
             workers=len(active),
             pool_tokens=sum(w.kv_tokens for w in active) // len(active) if active else 0,
             max_running=min(limits) if limits else 0,
@@ -692,18 +707,11 @@ class FairScheduler:
 
     # --------------------------------------------------------------- internals
 
-    def _need(self, prompt_tokens: int, max_tokens: int) -> int:
-        cap = self.config.output_reserve_cap
-        return prompt_tokens + (max_tokens if cap is None else min(max_tokens, cap))
-
-    def _reservation(self, tenant: str, prompt_tokens: int, max_tokens: int) -> int:
-        """KV tokens a request reserves on its worker (``SchedulerConfig.reserve``)."""
-        lengths = self.reserve_lengths
-        if lengths is not None:
-            guess = lengths.predict(tenant, max_tokens, None)  # 0: nothing known yet
-            if guess:
-                max_tokens = min(max_tokens, math.ceil(guess * RESERVE_HEADROOM))
-        return self._need(prompt_tokens, max_tokens)
+    def _footprint(self, req: Request) -> int:
+        """The KV ``req`` is expected to reach: its prompt and its tenant's usual output."""
+        guess = self.lengths.predict(req.tenant, req.max_tokens, None)  # 0: nothing known yet
+        output = min(req.max_tokens, math.ceil(guess * FOOTPRINT_HEADROOM)) if guess else req.max_tokens
+        return req.prompt_tokens + output
 
     def _own_node(self, t: Tenant) -> TreeNode:
         """The tenant's own node (its request classes), made on first use: it takes the tenant's place,
@@ -800,6 +808,11 @@ class FairScheduler:
             self.ledger.account_cached(t, 0, req.cached, t.weight)
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
+        req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs
+        req.beyond_room = not slot.starts_now(req.need)
+        slot.beyond += req.beyond_room
+        req.footprint = self._footprint(req)
+        slot.expected += req.footprint
         slot.committed += req.need
         slot.pending_count += 1
         slot.pending_tokens += req.need
@@ -840,6 +853,8 @@ class FairScheduler:
         if slot is not None:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need
+            slot.beyond -= req.beyond_room
+        req.beyond_room = False
 
     def _correct_cached(self, req: Request, exact: int) -> None:
         """The engine's exact cached count replaces the expectation (in the charge and the index)."""
@@ -857,10 +872,13 @@ class FairScheduler:
         if slot is None:
             return
         slot.committed -= req.need
+        slot.expected -= req.footprint
         slot.in_flight -= 1
         if not req.started:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need
+            slot.beyond -= req.beyond_room
+            req.beyond_room = False
 
     def _refund_dispatch(self, t: Tenant, req: Request) -> None:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
@@ -938,6 +956,11 @@ class FairScheduler:
             if slot is not None:
                 return t, req, slot
         return None
+
+
+def _admission_need(prompt_tokens: int) -> int:
+    """KV tokens an engine must have free to admit a prompt: the prompt and its first output token."""
+    return prompt_tokens + 1
 
 
 def _cacheable(cached: int, prompt_tokens: int) -> int:

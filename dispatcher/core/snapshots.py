@@ -50,8 +50,8 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
         "policy": s.policy.snapshot(),
         "settled": _rows(s),
         "resumed": sorted(s._resumed),
-        "reserve_lengths": _lengths(s),
         "prefixes": s.prefixes.snapshot(),
+        "lengths": s.lengths.snapshot(),
     }
 
 
@@ -73,9 +73,10 @@ def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
     s.longest_prompt, s.longest_output = (int(v) for v in data["longest"])
     s.workers.restore(data["workers"])
     s.policy.restore(data["policy"])
+    if data.get("lengths"):
+        s.lengths.restore(dict(data["lengths"]))
     s._settled = _settled_rows(data["settled"])
     s._resumed = set(data.get("resumed", ()))
-    _restore_lengths(s, data)
     s.prefixes.restore(data.get("prefixes", {}))
     if s.config.max_queue_s is not None:
         s._arrivals = sorted((r.arrival, r.seq, r.id) for t in s.tenants.values() for r in t.queue)  # a heap
@@ -123,7 +124,7 @@ def durable_state(s: FairScheduler) -> dict[str, Any]:
         ),
         "longest": [s.longest_prompt, s.longest_output],
         "policy": s.policy.snapshot(),
-        "reserve_lengths": _lengths(s),
+        "lengths": s.lengths.snapshot(),
     }
 
 
@@ -144,9 +145,10 @@ def restore_durable(s: FairScheduler, data: Mapping[str, Any]) -> None:
     s.tree.root.last_left = last if last in s.tree.root.kids else None
     s.tree.resumed = {name for name in data.get("waiting_nodes", ()) if name in s.tree.nodes}
     s._resumed = {name for name in data.get("waiting", ()) if name in s.tenants}
-    _restore_lengths(s, data)
     s.longest_prompt, s.longest_output = (int(v) for v in data.get("longest", (0, 0)))
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
+    if data.get("lengths"):
+        s.lengths.restore(dict(data["lengths"]))
 
 
 def _nodes_of_unstarted(s: FairScheduler) -> set[str]:
@@ -171,12 +173,3 @@ def _settled_rows(rows: list[list[Any]]) -> dict[str, Settled]:
         )
         for row in rows
     }
-
-
-def _lengths(s: FairScheduler) -> dict[str, Any] | None:
-    return None if s.reserve_lengths is None else s.reserve_lengths.snapshot()
-
-
-def _restore_lengths(s: FairScheduler, data: Mapping[str, Any]) -> None:
-    if s.reserve_lengths is not None and data.get("reserve_lengths"):
-        s.reserve_lengths.restore(dict(data["reserve_lengths"]))

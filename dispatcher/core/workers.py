@@ -1,25 +1,39 @@
-"""The dispatcher's view of worker capacity, and where a request that fits should go.
+"""The dispatcher's view of worker capacity, and where a request should go.
 
-Admission is pull-shaped (DESIGN §2): a request is assigned to a worker only when that worker can start
-it now. Each worker reports its free KV tokens and counts once per engine step; between reports the
-table adds what it has assigned but not yet seen started (``pending``), so it never over-commits.
+Admission follows each engine's own rule (DESIGN §2, v3): a request may go to a worker when that
+engine would admit it now, i.e. its prompt fits the KV the engine reported free at its last step,
+above the engine's watermark, less what was assigned there since and has not started (``pending``);
+nothing is reserved for output, which the engine's preemption covers, as it does for the engine alone.
+Beyond that, a small queue waits inside each engine so that its next step never lacks work while
+the dispatcher's next assignment is on its way: its depth follows how many requests the engine
+starts per report (``WorkerSlot.depth``), at most ``max_engine_waiting``. Requests still enter each
+engine in the dispatcher's order; the queue's depth is what the fairness bound grows by
+(``dispatcher.core.fairness.engine_queue_slack``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dispatcher.core.model import Request
 
+TURNOVER_SMOOTHING = 0.2  # weight of the newest report in the moving average of starts per report
+QUEUE_REPORTS = 2.0  # the engine's queue covers this many reports' worth of starts: one, and one in transit
+
 
 @dataclass(slots=True)
 class WorkerSlot:
     """One worker replica as the dispatcher sees it.
 
-    ``committed``: KV tokens promised to requests on this worker (prompt + output reserve), until they
-    finish. ``pending_*``: assigned but not yet reported started, so not yet in ``free_tokens``.
+    ``free_tokens``, ``running``, ``waiting``: the engine's own figures at its last report (free KV
+    counts cached blocks no request holds, as the engines do). ``watermark``: KV tokens the engine keeps
+    free when it admits a request beside running ones. ``committed``: KV needed to admit what runs
+    here (prompts), until they finish. ``pending_*``: assigned but not yet reported started, so not yet
+    in ``free_tokens``; ``beyond``: those of them assigned beyond the room the engine had (its queue).
+    ``turnover``: requests the engine starts per report, smoothed.
     """
 
     id: str
@@ -35,10 +49,38 @@ class WorkerSlot:
     draining: bool = False
     prompt_tokens: int = 0  # of the requests that started here, and of those found in its prefix cache
     cached_tokens: int = 0
+    watermark: int = 0
+    turnover: float = 0.0
+    beyond: int = 0
+    expected: int = 0  # KV the requests in flight here are expected to reach (their footprints)
 
     def room(self) -> int:
-        """KV tokens a new request may use here now."""
-        return min(self.kv_tokens - self.committed, self.free_tokens - self.pending_tokens)
+        """KV tokens a new request may use here now, by the engine's own rule."""
+        return self.free_tokens - self.watermark - self.pending_tokens
+
+    def queued(self) -> int:
+        """Requests waiting inside the engine for room: assigned beyond it, or preempted there."""
+        return self.beyond + max(0, self.waiting - self.pending_count)
+
+    def depth(self, cap: int) -> int:
+        """Requests allowed to wait inside the engine beyond those it can start now."""
+        return min(cap, max(1, math.ceil(QUEUE_REPORTS * self.turnover)))  # cap 0: no queue
+
+    def within_overcommit(self, footprint: int, overcommit: float) -> bool:
+        """Whether the requests in flight here, with one more of ``footprint``, are expected to reach at
+        most ``overcommit`` pools (an empty worker takes any request that fits its pool)."""
+        return self.in_flight == 0 or self.expected + footprint <= overcommit * self.kv_tokens
+
+    def starts_now(self, need: int) -> bool:
+        """Whether the engine would start a request needing ``need`` KV tokens at its next step."""
+        return (
+            (self.max_running is None or self.running + self.pending_count < self.max_running)
+            and self.waiting <= self.pending_count  # nothing of its own (preempted) goes first
+            and self.room() >= need
+        )
+
+    def observe_starts(self, started: int) -> None:
+        self.turnover += TURNOVER_SMOOTHING * (started - self.turnover)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -53,8 +95,9 @@ class Placement(Protocol):
 class WorkerTable:
     """All workers; answers "where can this request start now?"."""
 
-    def __init__(self, placement: Placement, max_engine_waiting: int = 8) -> None:
+    def __init__(self, placement: Placement, max_engine_waiting: int = 8, overcommit: float = 2.0) -> None:
         self.max_engine_waiting = max_engine_waiting
+        self.overcommit = overcommit
         self.placement = placement
         self.slots: dict[str, WorkerSlot] = {}
         self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
@@ -74,15 +117,20 @@ class WorkerTable:
     def get(self, worker_id: str) -> WorkerSlot | None:
         return self.slots.get(worker_id)
 
-    def join(self, worker_id: str, kv_tokens: int, max_running: int | None, free_tokens: int | None) -> None:
+    def join(
+        self, worker_id: str, kv_tokens: int, max_running: int | None, free_tokens: int | None, watermark: int = 0
+    ) -> None:
         if kv_tokens <= 0:
             raise ValueError(f"worker {worker_id!r}: KV pool must be positive, got {kv_tokens}")
+        if not 0 <= watermark < kv_tokens:
+            raise ValueError(f"worker {worker_id!r}: watermark must be in [0, {kv_tokens}), got {watermark}")
         slot = self.slots.get(worker_id)
         if slot is None:
             free = kv_tokens if free_tokens is None else free_tokens
-            self.slots[worker_id] = WorkerSlot(worker_id, kv_tokens, max_running, free_tokens=free)
+            self.slots[worker_id] = WorkerSlot(worker_id, kv_tokens, max_running, free_tokens=free, watermark=watermark)
         else:  # a re-announcing worker keeps what is committed to it
             slot.kv_tokens, slot.max_running, slot.draining = kv_tokens, max_running, False
+            slot.watermark = watermark
             if free_tokens is not None:
                 slot.free_tokens = free_tokens
         self.refresh()
@@ -99,26 +147,21 @@ class WorkerTable:
         return slot
 
     def has_slack(self) -> bool:
-        """Whether some worker could take one more request by count (KV room is checked in place)."""
-        limit = self.max_engine_waiting
-        for w in self._active:
-            if w.pending_count + w.waiting < limit and (
-                w.max_running is None or w.running + w.pending_count < w.max_running
-            ):
-                return True
-        return False
+        """Whether some worker could take one more request (its size is checked in ``place``)."""
+        cap = self.max_engine_waiting
+        return any(w.queued() < w.depth(cap) or w.starts_now(1) for w in self._active)
 
     def place(self, need: int, request: Request | None = None) -> WorkerSlot | None:
-        """The worker that should start a request needing ``need`` KV tokens now, or None."""
-        limit = self.max_engine_waiting
-        fits: list[WorkerSlot] = []
-        for w in self._active:
-            if (
-                w.pending_count + w.waiting < limit
-                and min(w.kv_tokens - w.committed, w.free_tokens - w.pending_tokens) >= need
-                and (w.max_running is None or w.running + w.pending_count < w.max_running)
-            ):
-                fits.append(w)
+        """The worker that should get a request needing ``need`` KV tokens to start, or None: one whose
+        engine would start it now, or whose queue is short of its depth."""
+        cap, over = self.max_engine_waiting, self.overcommit
+        footprint = request.footprint if request is not None and request.footprint else need
+        fits = [
+            w
+            for w in self._active
+            if (w.starts_now(need) or (w.queued() < w.depth(cap) and need <= w.kv_tokens))
+            and w.within_overcommit(footprint, over)
+        ]
         if not fits:
             return None
         return fits[0] if len(fits) == 1 else self.placement.choose(fits, request)
@@ -127,5 +170,6 @@ class WorkerTable:
         return [w.to_dict() for w in self.slots.values()]
 
     def restore(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.slots = {row["id"]: WorkerSlot(**row) for row in rows}
+        names = set(WorkerSlot.__slots__)  # type: ignore[attr-defined]
+        self.slots = {row["id"]: WorkerSlot(**{k: v for k, v in row.items() if k in names}) for row in rows}
         self.refresh()

@@ -22,7 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     gw.add_argument("--requests", type=int, default=5000, help="requests pushed through the dispatcher")
     gw.add_argument("--samples", type=int, default=100, help="first-token samples each way")
     gw.set_defaults(bench=_gateway)
-    rb = targets.add_parser("reservation", help="reservation abuse: full vs predicted reservations, side by side")
+    fb = targets.add_parser("flood", help="KV-bound flood: fairgate against a round-robin front, same engines")
+    fb.add_argument("--seconds", type=float, default=300.0, help="simulated seconds of each run")
+    fb.add_argument("--replicas", default="1,4", help="comma-separated engine counts")
+    fb.add_argument("--json", default=None, help="also write the figures to this file")
+    fb.set_defaults(bench=_flood)
+    rb = targets.add_parser("reservation", help="max_tokens abuse: a greedy tenant against an honest one")
     rb.add_argument("--seconds", type=float, default=300.0, help="simulated seconds of overload")
     rb.add_argument("--policy", default="vtc", help="fairness policy of both runs")
     rb.set_defaults(bench=_reservation)
@@ -85,21 +90,51 @@ def _reservation(args: argparse.Namespace) -> int:
     check_policies([args.policy])
     rows = bench_reservation(args.seconds, policy=args.policy)
     print(
-        f"reservation abuse, {args.seconds:.0f} simulated s on one A10G engine (10,000 KV tokens): 'greedy' sends "
+        f"max_tokens abuse, {args.seconds:.0f} simulated s on one A10G engine (10,000 KV tokens): 'greedy' sends "
         f"8-token prompts with max_tokens {GREEDY_MAX_TOKENS:,} that stop after 4 tokens; 'honest' 256 in / 256 out"
     )
-    print(f"{'reserve':>10}  {'tokens/s':>9}  {'honest/s':>9}  {'greedy/s':>9}  {'honest':>7}  {'greedy':>7}  gap / 2U")
+    print(
+        f"{'front':>12}  {'tokens/s':>9}  {'honest/s':>9}  {'greedy/s':>9}  {'honest':>7}  {'greedy':>7}  gap / bound"
+    )
     for r in rows:
         rate, share = r["service_per_s"], r["share"]
         print(
-            f"{r['reserve']:>10}  {r['throughput_tokens_per_s']:>9.0f}  "
+            f"{r['front']:>12}  {r['throughput_tokens_per_s']:>9.0f}  "
             f"{rate['honest']:>9.0f}  {rate['greedy']:>9.0f}  "
-            f"{share['honest']:>7.1%}  {share['greedy']:>7.1%}  {r['max_backlogged_gap']:,.0f} / {r['bound_2u']:,.0f}"
+            f"{share['honest']:>7.1%}  {share['greedy']:>7.1%}  {r['max_backlogged_gap']:,.0f} / {r['bound']:,.0f}"
             f"{'' if r['bound_held'] else '  (over the bound)'}"
         )
-    full, predicted = rows
-    ratio = predicted["throughput_tokens_per_s"] / max(full["throughput_tokens_per_s"], 1e-9)
-    print(f"predicted vs full: {ratio:.2f}x the throughput")
+    return 0
+
+
+def _flood(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_flood import LIGHT, OUTSTANDING, bench_flood, ratio_to_round_robin
+
+    if args.seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    replicas = positive_ints(args.replicas, "--replicas")
+    rows = bench_flood(args.seconds, tuple(replicas))
+    ratios = ratio_to_round_robin(rows)
+    loops = ", ".join(f"{t} {n}" for t, n in OUTSTANDING.items())
+    print(f"KV-bound flood, {args.seconds:.0f} simulated s; closed loops: {loops} outstanding; ~400 in / 300 out")
+    print(
+        f"{'engines':>7}  {'arm':<34} {'tokens/s':>9} {'vs RR':>6}  {'shares (heavy/light)':>20}  "
+        f"{'gap / bound':>17}  {'preempt':>7}  light TTFT"
+    )
+    for r in rows:
+        share = "/".join(f"{v:.0%}" for v in r["share"].values())
+        ttft = r["light_mean_ttft_s"]
+        print(
+            f"{r['replicas']:>7}  {r['arm']:<34} {r['tokens_per_s']:>9.0f} {ratios[(r['replicas'], r['arm'])]:>5.2f}x"
+            f"  {share:>20}  {r['max_backlogged_gap']:>7,.0f} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
+            f"  {'-' if ttft is None else f'{ttft:.2f} s'}"
+            f"{'' if r['bound_held'] else '  (over the bound)'}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tenant_light": LIGHT, "rows": rows}, indent=2))
     return 0
 
 

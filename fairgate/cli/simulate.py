@@ -10,6 +10,7 @@ from pathlib import Path
 from dispatcher.core import LinearCost, ProfiledCost, fit_profiled_cost, placement_names, policy_usages
 from dispatcher.core.costs import CostFunction
 from fairgate.cli.parsing import UsageError, check_policies, read_profile
+from workers.engines.simulated.model import PREEMPT_BY
 from workers.engines.simulated.settings import STEP_PRESETS
 
 
@@ -38,8 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sim.add_argument("--w-p", type=float, default=1.0, help="linear cost weight of a prompt token")
     sim.add_argument("--w-q", type=float, default=2.0, help="linear cost weight of an output token")
     sim.add_argument("--relaxed", action="store_true", help="relax the head-of-line rule")
-    sim.add_argument("--output-reserve", type=int, help="cap on KV tokens reserved for output per request")
     sim.add_argument("--no-preemption", action="store_true", help="stall instead of preempting on KV shortage")
+    sim.add_argument(
+        "--preempt-by",
+        choices=PREEMPT_BY,
+        default="newest",
+        help="the engines' preemption victims: the newest (vLLM's default) or by the dispatcher's rank",
+    )
+    sim.add_argument("--watermark", type=float, default=0.0, help="KV fraction the engines keep free when admitting")
     sim.add_argument("--block-size", type=int, default=1, help="KV block size in tokens (vLLM: 16, 32 on CPU)")
     sim.add_argument("--max-running", type=int, help="the engine's batch limit (vLLM's max_num_seqs)")
     sim.add_argument("--drain", action="store_true", help="run past the duration until every request ends")
@@ -62,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--replicas must be at least 1")
     if args.kv_tokens is not None and args.kv_tokens < 1:
         raise UsageError("--kv-tokens must be positive")
-    if args.output_reserve is not None and args.output_reserve < 0:
-        raise UsageError("--output-reserve must be >= 0")
+    if not 0.0 <= args.watermark < 1.0:
+        raise UsageError("--watermark must be in [0, 1)")
     if args.block_size < 1 or (args.max_running is not None and args.max_running < 1):
         raise UsageError("--block-size and --max-running must be positive")
     try:
@@ -92,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
                 kv_tokens=args.kv_tokens,
                 cost=cost,
                 strict_head_of_line=not args.relaxed,
-                output_reserve_cap=args.output_reserve,
                 preemption=not args.no_preemption,
+                preempt_by=args.preempt_by,
+                watermark=args.watermark,
                 block_size=args.block_size,
                 max_running=args.max_running,
                 seed=args.seed,

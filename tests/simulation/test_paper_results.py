@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.core import LinearCost, engine_queue_slack
 from loadgen.simulator import SimulationConfig, simulate
 from loadgen.workloads import PRESETS, Phase, TenantSpec, generate, load_workloads
 
@@ -22,8 +23,10 @@ def overload_runs():
 
 def test_overload_vtc_equalises_and_fcfs_follows_arrival_rates(overload_runs):
     vtc, fcfs = overload_runs["vtc"], overload_runs["fcfs"]
-    assert 850 <= vtc["throughput_tokens_per_s"] <= 950  # the calibrated engine: ~900 tokens/s
-    assert vtc["bound_held"] and vtc["max_abs_service_diff"] <= vtc["bound_2u"] == 40_000
+    # the calibrated engine: ~900 tokens/s when filled by reservation (the paper's), ~975 by its own rule
+    assert 850 <= vtc["throughput_tokens_per_s"] <= 1000
+    queues = engine_queue_slack(LinearCost(), 256, SimulationConfig().max_engine_waiting)  # 2 x 8 x 256
+    assert vtc["bound_held"] and vtc["max_abs_service_diff"] <= vtc["bound_2u"] == 40_000 + queues
     assert vtc["max_abs_service_diff"] <= fcfs["max_abs_service_diff"] / 10
     a, b = (vtc["tenants"][t]["service"] for t in "AB")
     assert a == pytest.approx(b, rel=0.02)
@@ -100,7 +103,7 @@ def test_lcf_starves_the_steady_tenant_on_dist_shift():
     # Phase 2 (300-600 s): both send 1 req/s. LCF lets A spend the credit it banked in phase 1.
     b_lcf = sum(lcf["tenants"]["B"]["service_rate_per_window"][5:10])
     b_vtc = sum(vtc["tenants"]["B"]["service_rate_per_window"][5:10])
-    assert b_lcf < 0.9 * b_vtc
+    assert b_lcf < 0.95 * b_vtc  # engines filled by their own rule leave fewer waiting: a smaller dent
 
 
 def test_four_replicas_one_dispatcher():

@@ -49,7 +49,7 @@ def test_scheduler_demand_counts_queue_commitments_and_workers():
     s.worker_drain("w1")
     d = s.demand()
     assert d.workers == 1 and d.pool_tokens == 1000 and d.max_running == 8
-    assert d.running_requests == 3 and d.committed_tokens == 450
+    assert d.running_requests == 3 and d.committed_tokens == 3 * 101  # assigned prompts, not started: KV they need
     assert d.queued_requests == 1 and d.queued_tokens == 30
 
 

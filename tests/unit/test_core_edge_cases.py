@@ -124,21 +124,31 @@ def test_the_papers_fit_is_accepted_and_refitting_its_profile_gives_it_again():
     )
 
 
-def test_a_predicted_reservation_holds_what_a_tenant_uses_not_what_it_asks_for():
-    s = make(reserve="predicted")
+def test_a_request_holds_what_it_uses_not_what_it_asks_for():
+    s = make()
     s.worker_join("w", kv_tokens=10_000)
-    s.submit("a1", "A", 8, 4000, 0.0)  # nothing known yet: the whole max_tokens
-    assert s.assign(0.0)[0].request.need == 4008
-    s.on_report("w", {"a1": 4}, started={"a1": 8})
+    s.submit("a1", "A", 8, 4000, 0.0)  # asks for the whole context: needs its prompt's room to start
+    assert s.assign(0.0)[0].request.need == 9
+    s.on_report("w", {"a1": 4}, started={"a1": 8}, free_tokens=10_000 - 12)
+    assert s.workers["w"].room() == 10_000 - 12  # what the engine says it uses, nothing held beyond
     s.on_finish("a1", 4, "stop", 1.0)
-    s.submit("a2", "A", 8, 4000, 1.0)  # A's requests stop after 4 tokens: 6 reserved (1.5x)
-    assert s.assign(1.0)[0].request.need == 8 + 6
-    s.submit("b1", "B", 8, 4000, 1.0)  # B has no history: the mean of everyone's
-    assert s.assign(1.0)[0].request.need == 8 + 6
     assert s.submit("huge", "A", 8, 20_000, 2.0) == "too_large"  # too large is judged by the full size
     restored = FairScheduler.from_snapshot(json.loads(json.dumps(s.snapshot())))
     restored.submit("a3", "A", 8, 4000, 3.0)
-    assert restored.next_in_line().need == 14
+    assert restored.next_in_line().need == 9
+
+
+def test_an_old_snapshot_with_reservations_restores():
+    s = make()
+    s.worker_join("w", kv_tokens=1000)
+    s.submit("a", "A", 8, 40, 0.0)
+    data = json.loads(json.dumps(s.snapshot()))
+    data["config"] |= {"reserve": "predicted", "output_reserve_cap": None}  # settings that are gone
+    data["reserve_lengths"] = {"A": [4, 4]}
+    for row in data["workers"]:
+        del row["watermark"], row["turnover"], row["beyond"]
+    restored = FairScheduler.from_snapshot(data)
+    assert [a.request.id for a in restored.assign(1.0)] == ["a"]
 
 
 def test_requests_that_ended_while_a_workers_stream_was_down_are_settled_once():

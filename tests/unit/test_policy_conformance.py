@@ -105,7 +105,6 @@ class Driver:
             max_engine_waiting=3,
             max_queued_per_tenant=8,
             max_queue_s=60.0,
-            reserve="predicted",  # reservations from what each tenant's requests generated
             seed=7,
             classes=CLASSES if tree else (),
         )

@@ -91,14 +91,13 @@ def test_the_ideal_cache_shares_every_prefilled_block_across_engines_in_no_memor
 
 def test_the_ceiling_arm_gains_at_least_what_cache_aware_dispatch_gains():
     rows = [(t, 0.05 * i, 160 + 16 * (i % 3), 40) for i in range(120) for t in (0, 1, 2)]
-    workload = workload_of(rows, prefixed=True)
-    hits = {}
+    hits = {}  # a pool that holds well under what runs at once: where placement decides hits
     for name, config in {
-        "blind": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=1200, drain=True),
-        "aware": SimulationConfig(placement="prefix-affinity", replicas=2, kv_tokens=1200, drain=True),
-        "ceiling": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=1200, drain=True, ideal_cache=True),
+        "blind": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=500, drain=True),
+        "aware": SimulationConfig(placement="prefix-affinity", replicas=2, kv_tokens=500, drain=True),
+        "ceiling": SimulationConfig(sees_prefix=False, replicas=2, kv_tokens=500, drain=True, ideal_cache=True),
     }.items():
-        sim = Simulation(workload, config)
+        sim = Simulation(workload_of(rows, prefixed=True), config)
         sim.advance(float("inf"))
         hits[name] = sim.summary().report["prefix_hit_rate"]
     assert hits["ceiling"] >= hits["aware"] > hits["blind"]
@@ -178,13 +177,16 @@ def test_prefix_affinity_sends_a_conversations_next_turn_to_the_worker_holding_i
         s.worker_join(wid, 10_000)
     placed = {}
     for turn in range(3):  # the three conversations run side by side, turn after turn
+        used = dict.fromkeys(("w0", "w1", "w2"), 0)
         for conversation in (1, 2, 3):
             rid = f"c{conversation}-t{turn}"
             blocks = prefix(conversation, 4 + 2 * turn)
             s.submit(rid, "alice", 64 + 32 * turn, 4, 0.0, prefix=blocks, block_tokens=BLOCK)
             (a,) = s.assign(0.0)
             placed[rid] = a.worker_id
-            s.on_report(a.worker_id, {rid: 1}, started={rid: a.request.prompt_tokens}, cached={rid: a.request.cached})
+            used[a.worker_id] += a.request.prompt_tokens + 1
+            started, cached = {rid: a.request.prompt_tokens}, {rid: a.request.cached}
+            s.on_report(a.worker_id, {rid: 1}, started=started, cached=cached, free_tokens=10_000 - used[a.worker_id])
         for conversation in (1, 2, 3):
             s.on_finish(f"c{conversation}-t{turn}", 4, "stop", 0.0)
     for conversation in (1, 2, 3):
@@ -218,7 +220,7 @@ def test_locality_slack_raises_the_hit_rate_and_keeps_the_bound_in_the_simulator
     reports = {}
     for policy in ("vtc", "vtc-locality:5000"):
         config = SimulationConfig(policy=policy, placement="prefix-affinity", replicas=2, kv_tokens=1200, drain=True)
-        sim = Simulation(workload, config)
+        sim = Simulation(workload_of(rows, prefixed=True), config)
         sim.advance(float("inf"))
         reports[policy] = sim.summary().report
     assert reports["vtc-locality:5000"]["prefix_hit_rate"] >= reports["vtc"]["prefix_hit_rate"]

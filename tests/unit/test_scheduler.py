@@ -118,27 +118,35 @@ def test_fcfs_serves_global_arrival_order():
     assert [a.request.id for a in s.assign(9.0)] == [f"r{i}" for i in range(6)]
 
 
-def test_strict_head_of_line_blocks_smaller_requests_of_others():
-    s = make()
+def _x_waits_inside_the_engine(s: FairScheduler) -> None:
+    """On a 100-token engine X's first request runs, X's next (61 KV tokens) is sent to wait inside the
+    engine (its queue of one), and the first finishes before it starts: 39 tokens of room are left
+    beside it. Then Y's 50-token prompt (51 > 39) and X's 5-token one arrive."""
     s.worker_join("w", kv_tokens=100)
     s.submit("x", "X", 50, 10, 0.0)
-    s.assign(0.0)  # X holds 60 of 100 and has the larger counter
-    s.submit("y-big", "Y", 50, 10, 0.0)  # least served (0) but needs 60 > 40 free
-    s.submit("x-small", "X", 5, 5, 0.0)
-    assert s.assign(0.0) == []  # strict: X's small request may not slip ahead of Y's
-    s.on_report("w", {"x": 10}, started={"x": 50})
+    s.assign(0.0)
+    s.on_report("w", {"x": 1}, started={"x": 50}, free_tokens=49, running=1, waiting=0)
+    s.submit("x-wait", "X", 60, 10, 0.0)
+    assert [a.request.id for a in s.assign(0.0)] == ["x-wait"]  # no room now: it waits in the engine
     s.on_finish("x", 10, "length", 1.0)
-    assert [a.request.id for a in s.assign(1.0)] == ["y-big", "x-small"]
+    s.on_report("w", {}, free_tokens=100, running=0, waiting=1)
+    s.submit("y-big", "Y", 50, 10, 1.0)  # least served (0) but needs 51 > 39
+    s.submit("x-small", "X", 5, 5, 1.0)
+
+
+def test_strict_head_of_line_blocks_smaller_requests_of_others():
+    s = make()
+    _x_waits_inside_the_engine(s)
+    assert s.assign(1.0) == []  # strict: X's small request may not slip ahead of Y's
+    s.on_report("w", {"x-wait": 1}, started={"x-wait": 60}, free_tokens=39, running=1, waiting=0)
+    assert [a.request.id for a in s.assign(2.0)] == ["y-big"]  # into the engine's queue, X's behind it
+    assert s.is_backlogged("X")
 
 
 def test_relaxed_head_of_line_lets_a_fitting_request_through():
     s = make(strict_head_of_line=False)
-    s.worker_join("w", kv_tokens=100)
-    s.submit("x", "X", 50, 10, 0.0)
-    s.assign(0.0)
-    s.submit("y-big", "Y", 50, 10, 0.0)
-    s.submit("x-small", "X", 5, 5, 0.0)
-    assert [a.request.id for a in s.assign(0.0)] == ["x-small"]
+    _x_waits_inside_the_engine(s)
+    assert [a.request.id for a in s.assign(1.0)] == ["x-small"]
     assert s.is_backlogged("Y")
 
 
@@ -212,16 +220,15 @@ def test_moving_average_predictor_learns_per_tenant():
 def test_exact_prompt_count_from_the_engine_replaces_the_estimate():
     s = one_running(100, 10, tokens=1, exact_prompt=120)
     assert s.tenants["A"].service == pytest.approx(120 + 2)
-    assert s.workers["w"].committed == 130
+    assert s.workers["w"].committed == 121  # the engine's exact prompt, and its first token's slot
 
 
 def test_worker_leave_requeues_unstarted_with_refund_and_loses_started():
     s = make()
-    s.worker_join("w", kv_tokens=1000)
-    s.submit("started", "A", 10, 10, 0.0)
-    s.submit("pending", "A", 10, 10, 0.0)
-    s.submit("later", "A", 10, 10, 0.0)
-    s.workers.max_engine_waiting = 2
+    s.worker_join("w", kv_tokens=15)  # room for one 10-token prompt (and its first token), and a queue of one
+    s.submit("started", "A", 10, 4, 0.0)
+    s.submit("pending", "A", 10, 4, 0.0)
+    s.submit("later", "A", 10, 4, 0.0)
     assert len(s.assign(0.0)) == 2
     s.on_report("w", {"started": 3}, started={"started": 10})
     before = s.tenants["A"].counter
@@ -252,14 +259,38 @@ def test_abort_before_start_refunds_everything():
     assert s.workers["w"].pending_count == 0 and s.workers["w"].committed == 0
 
 
-def test_engine_waiting_limit_bounds_assigned_but_not_started():
-    s = make(max_engine_waiting=2)
-    s.worker_join("w", kv_tokens=10_000)
-    for i in range(5):
+def test_beyond_what_starts_now_requests_wait_inside_the_engine_up_to_a_depth_that_follows_its_turnover():
+    s = make(max_engine_waiting=4)
+    s.worker_join("w", kv_tokens=10_000, max_running=2)
+    for i in range(40):
         s.submit(f"r{i}", "A", 10, 10, 0.0)
-    assert len(s.assign(0.0)) == 2
-    s.on_report("w", {}, started={"r0": 10, "r1": 10}, running=2, waiting=0)
-    assert len(s.assign(0.0)) == 2
+    assert len(s.assign(0.0)) == 3  # the batch's two places, and a queue of one (no turnover seen yet)
+    s.on_report("w", {}, started={"r0": 10, "r1": 10}, free_tokens=9_978, running=2, waiting=1)
+    assert s.assign(0.0) == []  # the batch is full and one waits inside the engine
+    depths = []
+    for _ in range(6):  # the engine starts two requests per report: the queue covers two reports' worth
+        started = [r for r in s.in_flight().values() if not r.started][:2]
+        s.on_report("w", {}, started={r.id: 10 for r in started}, free_tokens=9_978, running=2, waiting=0)
+        s.assign(0.0)
+        depths.append(sum(1 for r in s.in_flight().values() if not r.started))
+    assert depths[0] < depths[-1] == 4  # it grew with the turnover, up to max_engine_waiting
+
+
+def test_admission_follows_the_engine_rule_free_kv_above_its_watermark_and_nothing_reserved_for_output():
+    s = make(max_engine_waiting=1)
+    s.worker_join("w", kv_tokens=1000, watermark=50)
+    s.lengths.observe("A", 4)  # A's requests stop early: each is expected to reach 100 + 6 tokens
+    for i in range(5):
+        s.submit(f"r{i}", "A", 100, 900, 0.0)  # max_tokens far above the pool's room: never reserved
+    assert len(s.assign(0.0)) == 5  # 5 x 101 <= 1000 - 50: all start at once, as the engine alone would
+    s.on_report("w", {}, started={f"r{i}": 100 for i in range(5)}, free_tokens=149, running=5, waiting=0)
+    s.submit("fits", "A", 98, 10, 0.0)  # 99 KV tokens: 149 free less the 50-token watermark
+    s.submit("next", "A", 98, 10, 0.0)
+    got = [a.request.id for a in s.assign(0.0)]
+    assert got == ["fits", "next"]  # the second waits inside the engine (its queue of depth 1)
+    assert s.workers["w"].room() == 149 - 50 - 2 * 99
+    s.submit("held", "A", 98, 10, 0.0)
+    assert s.assign(0.0) == [] and s.is_backlogged("A")  # no room now, and the engine's queue is full
 
 
 def test_placement_prefers_most_room_then_fewest_running():

@@ -61,8 +61,8 @@ def serve(s: FairScheduler, tenants: list[str], decisions: int, seed: int = 0, k
 
 
 def one_slot() -> FairScheduler:
-    s = make()
-    s.worker_join("w", kv_tokens=25)  # one 20-token request at a time
+    s = make(max_engine_waiting=0)  # no queue inside the engine: each decision is the dispatcher's
+    s.worker_join("w", kv_tokens=25, max_running=1)  # one request at a time
     return s
 
 
@@ -212,8 +212,8 @@ def test_durable_state_keeps_node_counters_and_waiting_nodes_are_not_lifted():
 
 
 def test_batch_class_keeps_its_weight_and_the_strict_band_goes_first():
-    s = make(classes=CLASSES)
-    s.worker_join("w", kv_tokens=25)
+    s = make(classes=CLASSES, max_engine_waiting=0)
+    s.worker_join("w", kv_tokens=25, max_running=1)
     s.add_tenant("key", 2.0)
     s.add_tenant("other", 2.0)
     served = serve(s, ["key", "key~batch", "other"], 2000)

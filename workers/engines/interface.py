@@ -36,6 +36,7 @@ class Admission:
     request_id: str
     tenant: str
     cache_salt: str = ""
+    priority: int = 0  # the dispatcher's preemption rank (larger: preempted first)
 
 
 current_admission: ContextVar[Admission | None] = ContextVar("fairgate_admission", default=None)
@@ -54,6 +55,7 @@ class GenerationParams:
     ignore_eos: bool = False
     templated: bool = False  # a chat template was applied: tokenize without adding special tokens
     cache_salt: str = ""  # the prefix cache keeps prompts of different salts apart
+    priority: int = 0  # the engine's preemption rank, where it takes one (larger: preempted first)
 
 
 @dataclass(slots=True)
@@ -97,6 +99,7 @@ class EngineRunner(Protocol):
     kv_tokens: int  # KV pool in tokens
     block_size: int
     max_running: int | None
+    watermark_tokens: int  # KV kept free when admitting beside running requests (the engine's own rule)
 
     def free_tokens(self) -> int: ...
 

@@ -33,16 +33,21 @@ class PrefixAffinity(PlacementRule):
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
         if request is None or not request.prefix:
             return min(fits, key=_most_room)
-        emptiest = min(w.committed / w.kv_tokens for w in fits)
+        emptiest = min(_fullness(w) for w in fits)
         expected, prefix, block = self._prefixes.expected_tokens, request.prefix, request.block_tokens
         best, best_gain = None, -1
         for w in fits:
-            if w.committed / w.kv_tokens > emptiest + BALANCE:
+            if _fullness(w) > emptiest + BALANCE:
                 continue
             gain = expected(w.id, prefix, block)
             if gain > best_gain or (gain == best_gain and _most_room(w) < _most_room(best)):  # type: ignore[arg-type]
                 best, best_gain = w, gain
         return best  # type: ignore[return-value]  # the emptiest is always near
+
+
+def _fullness(w: WorkerSlot) -> float:
+    """The share of its pool a worker has no room in (used, kept by its watermark, or assigned)."""
+    return 1.0 - w.room() / w.kv_tokens
 
 
 def _most_room(w: WorkerSlot) -> tuple[int, int, str]:

@@ -1,9 +1,13 @@
 """A continuous-batching engine over a KV pool, as a pure, deterministic state machine.
 
-Each step admits waiting requests in order while their context fits the pool (prefill, which also
-produces their first token), decodes one token for every running request, and frees requests that
-reached their length. When decoding runs out of KV space the newest running requests are preempted
-vLLM-style (their KV is dropped and they are recomputed later), or, with preemption off, they stall.
+Each step admits waiting requests in order while their context fits the pool above the watermark
+(vLLM's rule: free blocks, cached ones included, less a reserve kept for the running requests'
+growth; prefill also produces their first token), decodes one token for every running request, and
+frees requests that reached their length. When decoding runs out of KV space running requests are
+preempted as vLLM does (their KV is dropped, they go back to the head of the waiting queue and are
+recomputed when they fit again): by default the newest (vLLM's ``fcfs`` policy), or with
+``preempt_by="priority"`` the one with the largest priority value, then the newest (vLLM's
+``priority`` policy, fed the priorities the dispatcher derives). With preemption off they stall.
 
 With prefix caching on, the engine keeps the KV of prompt blocks after their requests end, as
 vLLM does: a request carrying the chained hashes of its prompt's blocks (``prefix``, each covering
@@ -46,10 +50,15 @@ class EngineRequest:
     prefix_block: int = 0
     cached: int = 0  # prompt tokens found cached when it was last admitted
     shared: list[int] = field(default_factory=list)  # cached blocks' hashes it holds a reference on
+    priority: int = 0  # larger: preempted first under ``preempt_by="priority"`` (vLLM's convention)
+    order: int = 0  # when it was added: "newest" among equal priorities
 
     @property
     def context(self) -> int:
         return self.prompt_tokens + self.generated
+
+
+PREEMPT_BY = ("newest", "priority")
 
 
 class SimulatedEngine:
@@ -61,19 +70,28 @@ class SimulatedEngine:
         block_size: int = 1,
         max_running: int | None = None,
         preemption: bool = True,
+        preempt_by: str = "newest",
+        watermark: float = 0.0,
         prefix_caching: bool = False,
         ideal_cache: set[int] | None = None,
     ) -> None:
         if kv_tokens <= 0 or block_size <= 0:
             raise ValueError("kv_tokens and block_size must be positive")
+        if preempt_by not in PREEMPT_BY:
+            raise ValueError(f"preempt_by must be one of {', '.join(PREEMPT_BY)}, got {preempt_by!r}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {watermark}")
         self.kv_tokens = kv_tokens - kv_tokens % block_size
         self.block_size = block_size
         self.max_running = max_running
         self.preemption = preemption
+        self.preempt_by = preempt_by
         self.prefix_caching = prefix_caching
         self.ideal_cache = ideal_cache
         self.step_model = step_model
         self.total_blocks = kv_tokens // block_size
+        # blocks a waiting request must leave free when it is admitted beside running ones (vLLM's)
+        self.watermark_blocks = int(watermark * self.total_blocks)
         self.used_blocks = 0
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -86,12 +104,18 @@ class SimulatedEngine:
         self.evictable_blocks = 0
         self.prompt_tokens_seen = 0  # prompt tokens admitted (recomputations included), and found cached
         self.cached_tokens_seen = 0
+        self.preemptions = 0  # in all
+        self._added = 0
 
     # ------------------------------------------------------------ interface
 
     @property
     def free_tokens(self) -> int:
         return (self.total_blocks - self.used_blocks) * self.block_size
+
+    @property
+    def watermark_tokens(self) -> int:
+        return self.watermark_blocks * self.block_size
 
     @property
     def in_step(self) -> bool:
@@ -104,6 +128,8 @@ class SimulatedEngine:
         if req.id in self._by_id:
             raise ValueError(f"request {req.id!r} already in the engine")
         self._by_id[req.id] = req
+        self._added += 1
+        req.order = self._added
         self.waiting.append(req)
 
     def abort(self, request_id: str) -> bool:
@@ -179,36 +205,41 @@ class SimulatedEngine:
         return -(-tokens // self.block_size)
 
     def _make_decode_room(self) -> list[EngineRequest]:
-        """Grow every running request by one token's KV; preempt (or stall) the newest if it can't."""
+        """Grow every running request by one token's KV; preempt (or stall) requests if it can't."""
         self._preempted_last = 0
-        extra = [self._blocks_for(r.context + 1) - r.blocks for r in self.running]
-        free = self.total_blocks - self.used_blocks
-        shortfall = sum(extra) - free
+        extra = {r.id: self._blocks_for(r.context + 1) - r.blocks for r in self.running}
+        shortfall = sum(extra.values()) - (self.total_blocks - self.used_blocks)
         decode = list(self.running)
-        if shortfall > 0:
+        while shortfall > 0 and decode:
+            victim = self._victim(decode)
+            decode.remove(victim)
+            shortfall -= extra.pop(victim.id)
             if self.preemption:
-                while shortfall > 0 and decode:
-                    victim = decode.pop()
-                    before = self.used_blocks
-                    self._release(victim)  # its blocks no one else holds become free (cached ones evictable)
-                    shortfall -= extra[len(decode)] + before - self.used_blocks
-                    self.running.remove(victim)
-                    self.waiting.appendleft(victim)
-                    self._preempted_last += 1
-                extra = extra[: len(decode)]
-            else:
-                while shortfall > 0 and decode:
-                    decode.pop()
-                    shortfall -= extra.pop()
-        for req, add in zip(decode, extra, strict=True):
+                before = self.used_blocks
+                self._release(victim)  # its blocks no one else holds become free (cached ones evictable)
+                shortfall -= before - self.used_blocks
+                self.running.remove(victim)
+                self.waiting.appendleft(victim)
+                self._preempted_last += 1
+        self.preemptions += self._preempted_last
+        for req in decode:
+            add = extra[req.id]
             req.blocks += add
             self.used_blocks += add
         self._evict_to_fit()
         return decode
 
+    def _victim(self, decode: list[EngineRequest]) -> EngineRequest:
+        """The running request to preempt (or stall) first: the newest, or the largest priority value."""
+        if self.preempt_by == "priority" and self.preemption:
+            return max(decode, key=lambda r: (r.priority, r.order))
+        return decode[-1]
+
     def _admit(self) -> list[EngineRequest]:
         admitted: list[EngineRequest] = []
         limit = self.max_running
+        if self.preempt_by == "priority" and len(self.waiting) > 1:  # vLLM's priority policy orders its queue too
+            self.waiting = deque(sorted(self.waiting, key=lambda r: (r.priority, r.order)))
         while self.waiting and (limit is None or len(self.running) < limit):
             req = self.waiting[0]
             if req.aborted:
@@ -219,7 +250,8 @@ class SimulatedEngine:
             hits = self._cached_prefix(req) if self.prefix_caching and req.prefix else []
             shared = len(hits) * self._blocks_for(req.prefix_block)
             revived = sum(self._evictable.get(h, 0) for h in hits)
-            if blocks - shared + revived > self.total_blocks - self.used_blocks:
+            watermark = self.watermark_blocks if self.running else 0  # vLLM: only beside running requests
+            if blocks - shared + revived + watermark > self.total_blocks - self.used_blocks:
                 break
             self.waiting.popleft()
             for h in hits:  # shared, not allocated: a block no one held comes back from the evictable ones

@@ -85,6 +85,7 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
             ignore_eos=req.ignore_eos,
             templated=chat,
             cache_salt=admission.cache_salt if admission is not None else str(body.get("cache_salt") or ""),
+            priority=admission.priority if admission is not None else 0,
         )
         deltas = runner.generate(rid, params)
         stops = StopScanner(req.stop_strings())

@@ -35,6 +35,8 @@ class SimulatedPlugin(EnginePlugin):
             block_size=s.block_size,
             max_running=s.max_running,
             prefix_caching=s.prefix_caching,
+            preempt_by=s.preempt_by,
+            watermark=s.watermark,
         )
         return SimulatedRunner(engine)
 

@@ -26,6 +26,7 @@ class SimulatedRunner:
         # the prefix cache's unit: whole KV blocks of at least 16 tokens, as vLLM's GPU blocks
         self.cache_block = engine.block_size * -(-CACHE_BLOCK_TOKENS // engine.block_size)
         self.max_running = engine.max_running
+        self.watermark_tokens = engine.watermark_tokens
         self._queues: dict[str, asyncio.Queue[tuple[int, str | None]]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -84,7 +85,15 @@ class SimulatedRunner:
             self._reached.clear()
         self._reached.add(request_id)
         self.engine.add(
-            EngineRequest(request_id, prompt_tokens, params.max_tokens, target, prefix=prefix, prefix_block=block)
+            EngineRequest(
+                request_id,
+                prompt_tokens,
+                params.max_tokens,
+                target,
+                prefix=prefix,
+                prefix_block=block,
+                priority=params.priority,
+            )
         )
         self._wake.set()
         generated = 0

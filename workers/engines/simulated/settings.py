@@ -1,10 +1,12 @@
 """The simulated engine's settings: the ``workers`` section's ``kv_tokens``, ``block_size``,
-``max_running``, ``prefix_caching`` and ``step_model`` (a preset name, ``a10g-llama7b`` or
-``h200-llama3-8b``, or the model's coefficients)."""
+``max_running``, ``prefix_caching``, ``preempt_by`` (``priority``: the dispatcher's ranks choose the
+preemption victims; ``newest``: vLLM's default), ``watermark`` (the KV fraction kept free when
+admitting) and ``step_model`` (a preset name, ``a10g-llama7b`` or ``h200-llama3-8b``, or the model's
+coefficients)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -20,6 +22,8 @@ class SimulatedSettings(BaseModel):
     block_size: int = Field(16, ge=1)
     max_running: int | None = Field(None, ge=1)
     prefix_caching: bool = True
+    preempt_by: Literal["newest", "priority"] = "priority"
+    watermark: float = Field(0.0, ge=0.0, lt=1.0)
     step_model: dict[str, float] = Field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
 
     @field_validator("step_model", mode="before")

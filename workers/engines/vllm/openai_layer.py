@@ -39,6 +39,8 @@ class AccountedEngine:
         wanted = sampling_params.output_kind
         sampling_params.output_kind = RequestOutputKind.DELTA  # every step's tokens, to report them
         self._runner._engine_ids[rid] = request_id
+        if self._runner.takes_priority:  # the dispatcher's rank picks the preemption victims
+            kwargs["priority"] = admission.priority
         stream = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
         choices = max(1, int(getattr(sampling_params, "n", 1) or 1))
         gathered = None

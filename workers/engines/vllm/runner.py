@@ -43,6 +43,8 @@ class VllmRunner:
         self.kv_tokens = 0
         self.block_size = 0
         self.max_running: int | None = None
+        self.watermark_tokens = 0
+        self.takes_priority = False  # vLLM runs its priority policy: requests carry the dispatcher's ranks
         self.llm: Any = None
         self._on_step: StepCallback = lambda _report: None
         self._pending = _Pending()
@@ -70,7 +72,12 @@ class VllmRunner:
         self.block_size = int(cache.block_size)
         self.kv_tokens = usable_blocks * self.block_size
         self._free_blocks = usable_blocks
-        self.max_running = int(self.llm.vllm_config.scheduler_config.max_num_seqs)
+        scheduler = self.llm.vllm_config.scheduler_config
+        self.max_running = int(scheduler.max_num_seqs)
+        # vLLM keeps int(watermark x its blocks) free when admitting beside running requests
+        watermark_blocks = int(float(getattr(scheduler, "watermark", 0.0)) * int(cache.num_gpu_blocks))
+        self.watermark_tokens = watermark_blocks * self.block_size
+        self.takes_priority = str(getattr(scheduler, "policy", "fcfs")) == "priority"
         log.info("vLLM engine up: %d KV tokens in blocks of %d", self.kv_tokens, self.block_size)
 
     async def stop(self) -> None:
