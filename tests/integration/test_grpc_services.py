@@ -23,8 +23,12 @@ SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
 
 
-async def cluster(n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc", steps: StepTimeModel = FAST):
-    service = DispatcherService(SchedulerConfig(policy=policy), SECRET)
+async def cluster(
+    n_workers: int = 1, kv_tokens: int = 4000, policy: str = "vtc", steps: StepTimeModel = FAST, engine_queue: int = 8
+):
+    """A dispatcher and its simulated workers; ``engine_queue``: requests that may wait inside an engine
+    beyond its room (0: a request that does not fit waits in the dispatcher)."""
+    service = DispatcherService(SchedulerConfig(policy=policy, max_engine_waiting=engine_queue), SECRET)
     address = await service.start()
     workers = [
         Worker(f"w{i}", address, SECRET, SimulatedRunner(SimulatedEngine(kv_tokens, steps))) for i in range(n_workers)
@@ -148,8 +152,8 @@ def test_worker_refuses_generate_without_a_valid_ticket(tamper):
 
 def test_queued_submit_waits_for_capacity_and_cancel_withdraws_it():
     async def scenario():
-        service, workers = await cluster(kv_tokens=100)
-        first = await service.submit("a", "A", 50, 40)  # holds 90 of 100
+        service, workers = await cluster(kv_tokens=100, engine_queue=0)
+        first = await service.submit("a", "A", 50, 40)  # its prompt holds 51 of 100 once it starts
         waiting = asyncio.create_task(service.submit("b", "B", 50, 40))
         await asyncio.sleep(0.05)
         assert not waiting.done() and service.scheduler.is_backlogged("B")
@@ -171,7 +175,7 @@ def test_reports_are_held_while_nothing_waits_and_go_at_once_when_a_request_queu
     once, and the finish that makes room for it is not held."""
 
     async def scenario():
-        service, workers = await cluster(kv_tokens=300, steps=StepTimeModel(0.01, 0.0, 0.0, 0.0))
+        service, workers = await cluster(kv_tokens=300, steps=StepTimeModel(0.01, 0.0, 0.0, 0.0), engine_queue=0)
         w = workers[0]
         assert w._report_linger == REPORT_LINGER_S
         reports: list[float] = []
@@ -260,7 +264,7 @@ def test_fcfs_over_grpc_gives_the_heavier_sender_more():
 
 def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
     async def scenario():
-        service, workers = await cluster(n_workers=2, kv_tokens=1000)
+        service, workers = await cluster(n_workers=2, kv_tokens=1000, engine_queue=0)
         running = await service.submit("r0", "A", 10, 30)
         drained = workers[int(running.worker_id[1])]
         job = asyncio.create_task(generate(running, "hi " * 10, 30))
@@ -329,7 +333,7 @@ def test_a_request_whose_worker_died_before_starting_it_is_placed_again_once():
     is charged once."""
 
     async def scenario():
-        service, workers = await cluster(n_workers=1, kv_tokens=4000)
+        service, workers = await cluster(n_workers=1, kv_tokens=4000, engine_queue=0)
         first = await service.submit("r1", "A", 50, 10)
         assert first.worker_id == "w0"
         await workers[0].stop()  # gone without a goodbye
@@ -433,7 +437,7 @@ def test_a_released_assignment_frees_its_reservation_at_once():
     the client left): the next tenant's request is placed now, not when the ticket expires."""
 
     async def scenario():
-        service, workers = await cluster(kv_tokens=100)
+        service, workers = await cluster(kv_tokens=100, engine_queue=0)
         await service.submit("big", "mallory", 10, 90)  # the whole pool
         waiting = asyncio.ensure_future(service.submit("next", "alice", 10, 50))
         await asyncio.sleep(0.05)
