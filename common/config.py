@@ -392,7 +392,15 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
                 f"{gone} is no longer a setting: requests are admitted by each engine's own rule "
                 "(room for the prompt now), and nothing is reserved for output"
             )
+    queue = raw.get("max_engine_waiting", 8)
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+        raise ValueError(f"max_engine_waiting must be a whole number >= 0, got {queue!r}")
+    overcommit = raw.get("overcommit", 2.0)
+    if isinstance(overcommit, bool) or not isinstance(overcommit, int | float) or not overcommit >= 1:
+        raise ValueError(f"overcommit must be a number >= 1, got {overcommit!r}")
     return SchedulerConfig(
+        max_engine_waiting=queue,
+        overcommit=float(overcommit),
         policy=policy,
         cost=cost,
         placement=placement,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRG
 RESUME_SETTLE_S = 2.0
 
 PROMPT = "Tell me about the tenants that share this cluster and how the queue serves them."
+FILLER = PROMPT.lower().rstrip(".").split()
 
 
 @dataclass
@@ -60,6 +62,7 @@ class OpenAIBenchConfig:
     concurrency: int = 24
     requests: int = 480  # streamed requests per arm and round
     max_tokens: int = 64
+    prompt_words: int = 0  # 0: one short sentence; else this many words, each request's its own (no shared prefix)
     light_requests: int = 30
     short_concurrency: int = 16
     short_requests: int = 1200  # long enough to be more than its ramp and tail
@@ -137,11 +140,22 @@ async def _closed_loops(
     return results, errors, time.perf_counter() - t0
 
 
-def _chat(config: OpenAIBenchConfig) -> dict[str, Any]:
-    """The streamed chat request every loaded and light-load pass sends."""
+def _chat(config: OpenAIBenchConfig) -> Callable[[], dict[str, Any]]:
+    """The streamed chat request every loaded and light-load pass sends: one short prompt, or with
+    ``prompt_words`` a long one that starts with a number of its own, so that no two requests share a
+    cached prefix (a KV-bound load)."""
+    if not config.prompt_words:
+        body = _chat_body(config, PROMPT)
+        return lambda: body
+    counter = itertools.count()
+    filler = " ".join(FILLER[i % len(FILLER)] for i in range(config.prompt_words - 1))
+    return lambda: _chat_body(config, f"{next(counter)} {filler}")
+
+
+def _chat_body(config: OpenAIBenchConfig, prompt: str) -> dict[str, Any]:
     return {
         "model": config.model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": config.max_tokens,
         "ignore_eos": True,
         "stream": True,
@@ -160,10 +174,12 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
     url = base_url + "/chat/completions"
     kinds: collections.Counter[str] = collections.Counter()
     async with _client(api_key, config.concurrency) as c:
-        await _closed_loops(4, 8, lambda: _stream_one(c, url, chat))  # warm up both ways
-        light, light_errors, _ = await _closed_loops(1, config.light_requests, lambda: _stream_one(c, url, chat), kinds)
+        await _closed_loops(4, 8, lambda: _stream_one(c, url, chat()))  # warm up both ways
+        light, light_errors, _ = await _closed_loops(
+            1, config.light_requests, lambda: _stream_one(c, url, chat()), kinds
+        )
         loaded, errors, seconds = await _closed_loops(
-            config.concurrency, config.requests, lambda: _stream_one(c, url, chat), kinds
+            config.concurrency, config.requests, lambda: _stream_one(c, url, chat()), kinds
         )
     async with _client(api_key, config.short_concurrency) as c:
 
@@ -192,7 +208,7 @@ async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Non
     """One loaded pass, not measured: a server's first one after it started ran slower here."""
     chat, url = _chat(config), base_url + "/chat/completions"
     async with _client(api_key, config.concurrency) as c:
-        await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat))
+        await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat()))
 
 
 # ----------------------------------------------------------------------------- the arms

@@ -509,10 +509,11 @@ class FairScheduler:
         if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
         t = self.tenants.get(tenant) or self._leaf_named(tenant)
-        before_p, before_out, before_charged, weight, path = self._settled.pop(request_id, (0, 0, 0, t.weight, None))
+        settled = self._settled.pop(request_id, None)
+        before_p, before_out, before_charged, weight, path = settled or (0, 0, 0, t.weight, None)
         if path is None:  # charged afresh: to the nodes above it now
             path = tuple((node.name, node.weight) for node in t.ancestors)
-        known = bool(before_p or before_out or before_charged)
+        known = settled is not None  # charged before, even if only h(0, 0) (an empty prompt, no output yet)
         charged = max(output_tokens, before_charged)
         self.ledger.account(
             t,

@@ -66,6 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--requests", type=int, default=480, help="streamed chat requests per arm and round")
     ob.add_argument("--short-requests", type=int, default=1200, help="1-token completions per arm and round")
     ob.add_argument("--max-tokens", type=int, default=64, help="output tokens per request")
+    ob.add_argument(
+        "--prompt-words", type=int, default=0, help="words per streamed prompt, none shared (0: one short sentence)"
+    )
     ob.add_argument("--step-ms", type=float, default=1.0, help="the simulated engine's step time")
     ob.add_argument("--rounds", type=int, default=4, help="passes of each arm, the other paused (medians are printed)")
     ob.add_argument(
@@ -111,7 +114,7 @@ def _flood(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_flood import LIGHT, OUTSTANDING, bench_flood, ratio_to_round_robin
+    from loadgen.bench_flood import ARMS, LIGHT, OUTSTANDING, bench_flood, ratio_to_round_robin
 
     if args.seconds <= 0:
         raise UsageError("--seconds must be positive")
@@ -126,10 +129,11 @@ def _flood(args: argparse.Namespace) -> int:
     )
     for r in rows:
         share = "/".join(f"{v:.0%}" for v in r["share"].values())
+        gap = "-" if r["arm"] == ARMS[0].name else f"{r['max_backlogged_gap']:,.0f}"  # no queue to be backlogged in
         ttft = r["light_mean_ttft_s"]
         print(
             f"{r['replicas']:>7}  {r['arm']:<34} {r['tokens_per_s']:>9.0f} {ratios[(r['replicas'], r['arm'])]:>5.2f}x"
-            f"  {share:>20}  {r['max_backlogged_gap']:>7,.0f} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
+            f"  {share:>20}  {gap:>7} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
             f"  {'-' if ttft is None else f'{ttft:.2f} s'}"
             f"{'' if r['bound_held'] else '  (over the bound)'}"
         )
@@ -299,11 +303,12 @@ def _openai(args: argparse.Namespace) -> int:
     settings, model = plugin.benchmark_settings(options)
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
-    config.short_requests = args.short_requests
+    config.short_requests, config.prompt_words = args.short_requests, max(0, args.prompt_words)
     rounds = max(1, args.rounds)
     out = bench_openai(config, doors, rounds=rounds)
     print(
-        f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens, "
+        f"{args.engine} engine, streaming chat: {args.concurrency} streams x {args.max_tokens} output tokens"
+        f"{f', {config.prompt_words}-word prompts' if config.prompt_words else ''}, "
         f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, "
         f"{config.short_concurrency} at once; medians of {rounds} rounds, each arm measured with the other paused"
     )

@@ -84,6 +84,7 @@ def start_deploy(
     tree: list[dict[str, Any]] | None = None,
     classes: list[dict[str, Any]] | None = None,
     tenant_fields: dict[str, dict[str, Any]] | None = None,
+    engine_queue: int = 8,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -93,7 +94,8 @@ def start_deploy(
     ``models``: several pools instead, each ``{name, tenants, workers}`` whose workers update the
     simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares.
     ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
-    its configuration (``parent``, ``classes``)."""
+    its configuration (``parent``, ``classes``). ``engine_queue``: requests that may wait inside an
+    engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue)."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -101,6 +103,7 @@ def start_deploy(
         "model": vllm["model"] if vllm is not None else "fairgate-sim",
         "policy": policy,
         "placement": placement,
+        "max_engine_waiting": engine_queue,
         "limits": limits or {},
         "state": state or {},
         "telemetry": telemetry or {},

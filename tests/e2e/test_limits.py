@@ -16,8 +16,10 @@ LIMITS = {"max_queued_per_tenant": 2, "max_queued": 3, "max_queue_s": 2.0}
 
 @pytest.fixture(scope="module")
 def gw(serve_port) -> Gateway:
-    # one worker with room for one of these requests at a time, 100 ms a step: 60 tokens take 6 s
-    gateway = deploy("limits", serve_port, workers=1, kv_tokens=100, step_s=0.1, limits=LIMITS)
+    # one worker running one request at a time, none waiting inside it, 100 ms a step: 60 tokens take 6 s
+    gateway = deploy(
+        "limits", serve_port, workers=1, kv_tokens=100, step_s=0.1, limits=LIMITS, max_running=1, engine_queue=0
+    )
     yield gateway
     gateway.delete()
 

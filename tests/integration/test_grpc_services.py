@@ -197,7 +197,7 @@ def test_reports_are_held_while_nothing_waits_and_go_at_once_when_a_request_queu
         since = len(reports)
         await asyncio.sleep(0.5)  # about 50 steps
         assert len(reports) - since <= 15, f"{len(reports) - since} reports in 0.5 s at the idle pace"
-        waiting = asyncio.create_task(service.submit("b", "B", 10, 100))  # 260 + 110 > 300: it waits
+        waiting = asyncio.create_task(service.submit("b", "B", 290, 5))  # 291 > 300 less a's 11+: it waits
         for _ in range(100):
             if w._report_linger == REPORT_LINGER_S:
                 break
@@ -287,7 +287,7 @@ def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
 def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
     async def scenario():
         ttl = 0.3
-        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=ttl)
+        service = DispatcherService(SchedulerConfig(max_engine_waiting=0), SECRET, ticket_ttl_s=ttl)
         address = await service.start()
         worker = Worker("w0", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
         await worker.start()
@@ -438,7 +438,7 @@ def test_a_released_assignment_frees_its_reservation_at_once():
 
     async def scenario():
         service, workers = await cluster(kv_tokens=100, engine_queue=0)
-        await service.submit("big", "mallory", 10, 90)  # the whole pool
+        await service.submit("big", "mallory", 90, 10)  # its prompt takes 91 of the pool's 100
         waiting = asyncio.ensure_future(service.submit("next", "alice", 10, 50))
         await asyncio.sleep(0.05)
         assert not waiting.done()
@@ -447,7 +447,7 @@ def test_a_released_assignment_frees_its_reservation_at_once():
         assert placement.request_id == "next"
         stats = service.stats()["tenants"]
         assert stats["mallory"]["in_flight"] == 0 and stats["mallory"]["counter"] == 0  # refunded
-        assert service.scheduler.workers["w0"].committed == 60
+        assert service.scheduler.workers["w0"].committed == 11  # its prompt and first token: nothing for output
         await shutdown(service, workers)
 
     asyncio.run(scenario())

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from dispatcher.core import REJECT_RATE_LIMITED, REJECT_TENANT_QUEUE_FULL, FairScheduler, ProfiledCost, cost_from_spec
+from dispatcher.core import (
+    REJECT_RATE_LIMITED,
+    REJECT_TENANT_QUEUE_FULL,
+    FairScheduler,
+    ProfiledCost,
+    SchedulerConfig,
+    cost_from_spec,
+)
 from dispatcher.core.costs import fit_profiled_cost
 from tests.conftest import SHARED_PROFILE
 from tests.unit.schedulers import make
@@ -174,3 +181,22 @@ def test_requests_that_ended_while_a_workers_stream_was_down_are_settled_once():
     # what each request consumed, once: "requeued"'s dispatch charge went back at the leave, and came
     # again with its 20 tokens; "lost" 15 tokens more; "known" 9 tokens
     assert s.tenants["A"].service == pytest.approx((served - 10) + 2 * 15 + (10 + 2 * 20) + 2 * 9)
+
+
+def test_the_admission_settings_of_a_config_are_checked_and_reservations_are_refused_by_name():
+    from common.config import ConfigError
+    from gateway.config import parse_config
+
+    base = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
+    config, _ = parse_config({**base, "max_engine_waiting": 0, "overcommit": 3})
+    assert (config.scheduler["max_engine_waiting"], config.scheduler["overcommit"]) == (0, 3.0)
+    assert SchedulerConfig.from_dict(config.scheduler).overcommit == 3.0
+    for bad, says in (
+        ({"max_engine_waiting": -1}, "max_engine_waiting"),
+        ({"max_engine_waiting": True}, "max_engine_waiting"),
+        ({"overcommit": 0.5}, "overcommit"),
+        ({"reserve": "predicted"}, "reserve is no longer a setting"),
+        ({"output_reserve_cap": 100}, "output_reserve_cap is no longer a setting"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            parse_config({**base, **bad})

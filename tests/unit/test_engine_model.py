@@ -72,8 +72,39 @@ def test_preemption_when_decode_runs_out_of_kv_and_everything_still_finishes():
     assert sum(len(r.started) for r in reports) == 3  # a resumed request is not "started" twice
 
 
+def test_preemption_by_priority_takes_the_largest_rank_first_and_readmits_by_rank():
+    """vLLM's priority policy: the victim is the running request with the largest priority value (then
+    the newest), and the waiting queue, preempted requests included, goes by rank."""
+    e = SimulatedEngine(100, UNIT, preempt_by="priority")
+    e.add(EngineRequest("heavy", 20, 30, 30, priority=300))  # first in, yet ranked last
+    e.add(EngineRequest("light", 20, 30, 30, priority=0))
+    e.add(EngineRequest("mid", 20, 30, 30, priority=100))
+    reports = list(drive(e))
+    victims = [rid for r in reports if r.preempted for rid in ("heavy", "mid", "light") if rid not in r.new_tokens]
+    assert victims and victims[0] == "heavy"
+    finish_order = [f.id for r in reports for f in r.finished]
+    assert finish_order[0] == "light" and sorted(finish_order) == ["heavy", "light", "mid"]
+    newest = SimulatedEngine(100, UNIT)
+    for name in ("heavy", "light", "mid"):
+        newest.add(EngineRequest(name, 20, 30, 30))
+    first_out = next(f.id for r in drive(newest) for f in r.finished)
+    assert first_out == "heavy"  # vLLM's default keeps the oldest running and preempts the newest
+
+
+def test_the_watermark_is_kept_free_when_admitting_beside_running_requests():
+    e = SimulatedEngine(100, UNIT, watermark=0.1)
+    assert e.watermark_tokens == 10
+    e.add(EngineRequest("a", 49, 2, 2))
+    e.add(EngineRequest("b", 40, 2, 2))  # 41 more: 90 used, under the 10 kept free only if a is alone
+    e.add(EngineRequest("c", 85, 2, 2))  # alone, an engine admits it whatever the watermark
+    first = (e.begin_step(), e.end_step())[1]
+    assert first.started == {"a": 49}  # b would leave 10 - 1 free: under the watermark beside a
+    reports = list(drive(e))
+    assert {rid for r in reports for rid in r.started} == {"b", "c"}
+
+
 def test_without_preemption_a_kv_shortage_stalls_requests():
-    """Why the dispatcher reserves output space: with preemption off, over-admitted requests stall."""
+    """With preemption off, over-admitted requests stall: why engines preempt and recompute."""
     e = SimulatedEngine(100, UNIT, preemption=False)
     for name in "ab":
         e.add(EngineRequest(name, 20, 60, 60))

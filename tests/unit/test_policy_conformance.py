@@ -177,27 +177,55 @@ class Driver:
             assert s.workers.place(nxt.need, nxt) is None, f"{nxt.id} could start but waits"
 
     def _step(self, wid: str, seed: int) -> None:
-        """One engine step of a worker: it starts what was assigned to it and generates 1-32 tokens for
-        everything it runs; a request ends at its true length (stop) or its max_tokens (length)."""
+        """One engine step of a worker, by the engine's own rule: it starts what was assigned to it, in
+        order, while the prompts fit its free KV (the rest wait inside it), and generates 1-32 tokens for
+        everything it runs; when that overflows the pool the newest running requests are preempted (they
+        generate nothing this step and wait inside it). A request ends at its true length (stop) or its
+        max_tokens (length)."""
         s = self.s
         slot = s.workers.get(wid)
         if slot is None:
             return
-        mine = [r for r in s.in_flight().values() if r.worker == wid]
-        started = {r.id: max(0, r.prompt_tokens + (seed + int(r.id[1:])) % 5 - 2) for r in mine if not r.started}
+        mine = sorted((r for r in s.in_flight().values() if r.worker == wid), key=lambda r: r.seq)
+        used = sum(r.prompt_tokens + r.output_tokens for r in mine if r.started)
+        started: dict[str, int] = {}
+        for r in (r for r in mine if not r.started):
+            prompt = max(0, r.prompt_tokens + (seed + int(r.id[1:])) % 5 - 2)
+            if used + prompt + 1 > slot.kv_tokens:
+                break  # it waits inside the engine, and so does everything after it
+            started[r.id] = prompt
+            used += prompt
         # the engine's cached count: what the index expected, give or take a block (it is a model)
         cached = {rid: max(0, s.in_flight()[rid].cached + BLOCK * ((seed + len(rid)) % 3 - 1)) for rid in started}
+        running = [r for r in mine if r.started or r.id in started]
         new_tokens, finished = {}, []
-        for r in mine:
+        for r in running:
             target = min(r.max_tokens, r.true_output or r.max_tokens)
             k = min(1 + (seed + int(r.id[1:])) % 32, target - r.output_tokens)
             if k > 0:
                 new_tokens[r.id] = k
-            if r.output_tokens + k >= target:
+        preempted = 0
+        for r in reversed(running):  # decoding outgrew the pool: the newest make room
+            if used + sum(new_tokens.values()) <= slot.kv_tokens or len(running) - preempted <= 1:
+                break
+            if new_tokens.pop(r.id, 0):
+                preempted += 1
+        for r in running:
+            target = min(r.max_tokens, r.true_output or r.max_tokens)
+            if r.id in new_tokens and r.output_tokens + new_tokens[r.id] >= target:
                 finished.append((r.id, target, "length" if target == r.max_tokens else "stop"))
-        used = sum(started.get(r.id, r.prompt_tokens) + r.output_tokens + new_tokens.get(r.id, 0) for r in mine)
+        used += sum(new_tokens.values())
         free = max(0, slot.kv_tokens - used)
-        s.on_report(wid, new_tokens, started=started, free_tokens=free, running=len(mine), cached=cached)
+        waiting = len(mine) - len(running) + preempted
+        s.on_report(
+            wid,
+            new_tokens,
+            started=started,
+            free_tokens=free,
+            running=len(running) - preempted,
+            waiting=waiting,
+            cached=cached,
+        )
         for rid, output, reason in finished:
             assert s.on_finish(rid, output, reason, self.now) is not None
             del self.where[rid]
