@@ -1,8 +1,9 @@
 """How many worker replicas the dispatcher's demand calls for (pure; the autoscaling policy's rule).
 
 Requests wait in the dispatcher, not at the replicas, so Serve's own queue-length signal never sees
-them. Demand here is what the dispatcher knows: KV tokens reserved by what runs, KV tokens the waiting
-requests will reserve (prompt plus output reserve), and request counts against each replica's batch
+them. Demand here is what the dispatcher knows: KV tokens the engines use now (and the prompts assigned
+to them that have not started), KV tokens the waiting requests may reach (prompt plus ``max_tokens``),
+and request counts against each replica's batch
 limit. The replica count is the larger of the two needs at a target utilisation.
 """
 
@@ -17,9 +18,9 @@ class Demand:
     """The dispatcher's load at one moment (``FairScheduler.demand``)."""
 
     queued_requests: int
-    queued_tokens: int  # KV tokens the waiting requests will reserve
+    queued_tokens: int  # KV tokens the waiting requests may reach (prompt plus max_tokens)
     running_requests: int
-    committed_tokens: int  # KV tokens reserved on workers by requests in flight
+    committed_tokens: int  # KV tokens the workers use now, and the prompts assigned there not yet started
     workers: int  # workers taking work (not draining)
     pool_tokens: int  # mean KV pool of those workers (0: none yet)
     max_running: int  # the smallest batch limit among them (0: none or no limit)

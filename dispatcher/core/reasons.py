@@ -2,7 +2,7 @@
 to OpenAI-shaped errors (``ingress.errors``)."""
 
 REJECT_RATE_LIMITED = "rate_limited"  # the policy's admission refused it (rpm:N)
-REJECT_TOO_LARGE = "too_large"  # prompt + output reserve larger than any worker's KV pool
+REJECT_TOO_LARGE = "too_large"  # prompt + max_tokens larger than any worker's KV pool: it could never finish
 REJECT_TENANT_QUEUE_FULL = "tenant_queue_full"  # limits.max_queued_per_tenant
 REJECT_QUEUE_FULL = "queue_full"  # limits.max_queued
 REJECT_QUEUE_TIMEOUT = "queue_timeout"  # waited longer than limits.max_queue_s

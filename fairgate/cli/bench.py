@@ -62,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--kv-tokens", type=int, default=None, help="KV pool (vLLM default 8192, simulated 1,000,000)")
     ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
     ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads (unpinned), both arms")
+    ob.add_argument("--dtype", default=None, help="vLLM's dtype, both arms (e.g. float32 where bfloat16 kernels fail)")
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
     ob.add_argument("--requests", type=int, default=480, help="streamed chat requests per arm and round")
     ob.add_argument("--short-requests", type=int, default=1200, help="1-token completions per arm and round")
@@ -299,7 +300,7 @@ def _openai(args: argparse.Namespace) -> int:
 
     plugin = engine_for(args.engine)
     options = {"model": args.model, "kv_tokens": args.kv_tokens, "max_num_seqs": args.max_num_seqs}
-    options |= {"cpu_threads": args.cpu_threads, "step_ms": args.step_ms}
+    options |= {"cpu_threads": args.cpu_threads, "step_ms": args.step_ms, "dtype": args.dtype}
     settings, model = plugin.benchmark_settings(options)
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens

@@ -68,4 +68,6 @@ class VllmPlugin(EnginePlugin):
         model = options.get("model") or "tiny"
         vllm = {"model": model, "kv_tokens": options.get("kv_tokens") or 8192}
         vllm |= {"max_num_seqs": options.get("max_num_seqs") or 64, "cpu_threads": options.get("cpu_threads")}
+        if options.get("dtype"):
+            vllm["dtype"] = options["dtype"]
         return {"vllm": vllm}, model

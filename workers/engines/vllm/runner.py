@@ -6,8 +6,8 @@ runs after the request streams woken by that step have recorded their new tokens
 carries the step's new tokens per request, the requests that started (with the engine's exact prompt
 token counts and its prefix-cache hits, vLLM's ``num_cached_tokens``), those that finished, free KV
 tokens (from vLLM's KV usage: blocks × block size), and the running and waiting counts. The
-dispatcher admits only what can start, so vLLM's own waiting queue stays near empty and VTC's order
-decides.
+dispatcher assigns by vLLM's own admission rule (its prompt fits the free KV above the watermark)
+plus a short queue, so vLLM's waiting queue stays short and VTC's order decides what enters it.
 """
 
 from __future__ import annotations
