@@ -8,7 +8,9 @@ Beyond that, a small queue waits inside each engine so that its next step never 
 the dispatcher's next assignment is on its way: its depth follows how many requests the engine
 starts per report (``WorkerSlot.depth``), at most ``max_engine_waiting``. Requests still enter each
 engine in the dispatcher's order; the queue's depth is what the fairness bound grows by
-(``dispatcher.core.fairness.engine_queue_slack``).
+(``dispatcher.core.fairness.engine_queue_slack``). Over-commit is capped: what is in flight on a worker
+may be expected to reach at most ``overcommit`` pools (``Request.footprint``), so that a tenant of
+tiny prompts and long outputs cannot fill an engine with far more than it can hold.
 """
 
 from __future__ import annotations
