@@ -22,7 +22,9 @@ from dispatcher.core.reasons import (
     REJECT_TOO_LARGE,
     REJECT_UNKNOWN_KEY,
 )
-from dispatcher.core.scheduler import Assignment, FairScheduler, LeaveResult, SchedulerConfig
+from dispatcher.core.recovery import LeaveResult
+from dispatcher.core.scheduler import Assignment, FairScheduler
+from dispatcher.core.scheduler_config import SchedulerConfig
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 __all__ = [

@@ -52,6 +52,11 @@ class Request:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def admission_need(prompt_tokens: int) -> int:
+    """KV tokens an engine must have free to admit a prompt: the prompt and its first output token."""
+    return prompt_tokens + 1
+
+
 def request_from_dict(data: dict[str, Any]) -> Request:
     """A request from ``to_dict`` (through JSON: its tuples came back as lists)."""
     path = tuple((str(name), float(w)) for name, w in data.get("path", ()))

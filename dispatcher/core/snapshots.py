@@ -56,7 +56,8 @@ def snapshot(s: FairScheduler) -> dict[str, Any]:
 
 
 def from_snapshot(data: Mapping[str, Any]) -> FairScheduler:
-    from dispatcher.core.scheduler import FairScheduler, SchedulerConfig
+    from dispatcher.core.scheduler import FairScheduler
+    from dispatcher.core.scheduler_config import SchedulerConfig
 
     if data.get("version") != SNAPSHOT_VERSION:
         raise ValueError(f"unsupported snapshot version {data.get('version')!r}")

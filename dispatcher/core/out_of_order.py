@@ -1,0 +1,73 @@
+"""The two ways a request other than the policy's next one may go first: the locality slack (a tenant
+within Δ of the least served with a longer cached prefix, DESIGN §2b) and relaxed head-of-line (the
+next tenant whose request fits). A part of ``FairScheduler``."""
+
+from __future__ import annotations
+
+from dispatcher.core.model import Request, Tenant
+from dispatcher.core.tree import TreeNode
+from dispatcher.core.workers import WorkerSlot
+
+LOCAL_TENANTS = 8  # locality slack: tenants looked at per decision, and requests of each
+LOCAL_WINDOW = 16
+MAX_PASSES = 8  # a head request passed over this often for a cached prefix goes next
+
+
+class OutOfOrderPicks:
+    """Picks of a ``FairScheduler`` outside the policy's strict order, each within its stated slack."""
+
+    def _local_pick(
+        self, floor: float, top: Tenant, head: Request, parent: TreeNode
+    ) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """Locality slack (DESIGN §2b): among the waiting tenants whose key is within the policy's
+        slack of the smallest (at most ``LOCAL_TENANTS`` of them, in order; a tenant of weight w
+        within Δ / w, so that the weighted bound holds for every pair), and among the first
+        ``LOCAL_WINDOW`` requests of each, the request that finds the longest cached prefix on a
+        worker that can start it now. A head request passed over ``MAX_PASSES`` times by later ones
+        of its tenant goes first. Returns the pick (``head`` of ``top`` itself when no one gains
+        over it), or None when ``head`` cannot start and no one else gains (the usual rules apply).
+        In a tree, the tenants looked at are ``top``'s siblings (``parent``'s waiting leaves)."""
+        place, expected = self.workers.place, self.prefixes.expected_tokens
+        head_slot = place(head.need, head)
+        head_gain = 0 if head_slot is None else expected(head_slot.id, head.prefix, head.block_tokens)
+        if head_gain >= min(len(head.prefix) * head.block_tokens, head.prompt_tokens - 1):
+            return None if head_slot is None else (top, head, head_slot)  # nothing can beat a full hit
+        slack, key = self._slack, self._key
+        best: tuple[int, Tenant, Request, WorkerSlot] | None = None
+        kids = parent.kids
+        for name in parent.waiting.smallest(LOCAL_TENANTS):  # type: ignore[union-attr]
+            t = kids[name]
+            if t is top or type(t) is TreeNode or key(name) > floor + slack / t.weight:
+                continue  # entries below the top may hold stale keys: check each
+            queue = t.queue
+            window = 1 if queue[0].passed >= MAX_PASSES else LOCAL_WINDOW
+            for i, req in enumerate(queue):
+                if i >= window:
+                    break
+                if not req.prefix:
+                    continue
+                slot = place(req.need, req)
+                if slot is None:
+                    continue
+                gain = expected(slot.id, req.prefix, req.block_tokens)
+                if gain > head_gain and (best is None or gain > best[0]):  # a longer cached prefix, never none
+                    best = (gain, t, req, slot)
+        if best is None:
+            return None if head_slot is None else (top, head, head_slot)
+        _, t, req, slot = best
+        if t.queue[0] is not req:
+            t.queue[0].passed += 1
+        return t, req, slot
+
+    def _relaxed_pick(self, parent: TreeNode) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """Relaxed head-of-line: the first tenant in the policy's order whose next request fits (in a
+        tree: among the siblings of the one that did not fit)."""
+        for name in parent.waiting.smallest(self.config.relaxed_scan)[1:]:  # type: ignore[union-attr]
+            t = parent.kids[name]
+            if type(t) is TreeNode:
+                continue
+            req = self.policy.next_request(t)
+            slot = self.workers.place(req.need, req)
+            if slot is not None:
+                return t, req, slot
+        return None
