@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from loadgen.bench_reservation import service_row
 from loadgen.simulator import Simulation, SimulationConfig
 from loadgen.workloads import TraceRequest, Workload
 
@@ -60,17 +61,11 @@ def bench_flood(seconds: float = 300.0, replicas: tuple[int, ...] = (1, 4), seed
             sim = Simulation(flood_workload(seconds, seed), config)
             report = sim.run().report
             tenants = report["tenants"]
-            total = sum(t["service"] for t in tenants.values()) or 1.0
             rows.append(
                 {
                     "replicas": n,
                     "arm": arm.name,
-                    "tokens_per_s": report["throughput_tokens_per_s"],
-                    "service_per_s": {name: t["service"] / seconds for name, t in tenants.items()},
-                    "share": {name: t["service"] / total for name, t in tenants.items()},
-                    "max_backlogged_gap": report["max_abs_service_diff"],
-                    "bound": report["bound_2u"],
-                    "bound_held": report["bound_held"],
+                    **service_row(report, seconds),
                     "preemptions": sum(e.preemptions for e in sim.engines),
                     "light_mean_ttft_s": tenants[LIGHT]["mean_ttft_s"],
                     "heavy_mean_ttft_s": tenants[HEAVY]["mean_ttft_s"],
@@ -81,5 +76,5 @@ def bench_flood(seconds: float = 300.0, replicas: tuple[int, ...] = (1, 4), seed
 
 def ratio_to_round_robin(rows: list[dict[str, Any]]) -> dict[tuple[int, str], float]:
     """Each arm's tokens/s over the round-robin arm's on as many engines."""
-    base = {r["replicas"]: r["tokens_per_s"] for r in rows if r["arm"] == ARMS[0].name}
-    return {(r["replicas"], r["arm"]): r["tokens_per_s"] / max(base[r["replicas"]], 1e-9) for r in rows}
+    base = {r["replicas"]: r["throughput_tokens_per_s"] for r in rows if r["arm"] == ARMS[0].name}
+    return {(r["replicas"], r["arm"]): r["throughput_tokens_per_s"] / max(base[r["replicas"]], 1e-9) for r in rows}

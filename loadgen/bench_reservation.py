@@ -38,17 +38,20 @@ def bench_reservation(seconds: float = 300.0, seed: int = 0, policy: str = "vtc"
     rows = []
     for front in ("fairgate", "round-robin"):
         report = simulate(workload, replace(base, front=front)).report
-        tenants = report["tenants"]
-        total = sum(t["service"] for t in tenants.values()) or 1.0
-        rows.append(
-            {
-                "front": front,
-                "throughput_tokens_per_s": report["throughput_tokens_per_s"],
-                "service_per_s": {name: t["service"] / seconds for name, t in tenants.items()},
-                "share": {name: t["service"] / total for name, t in tenants.items()},
-                "max_backlogged_gap": report["max_abs_service_diff"],
-                "bound": report["bound_2u"],
-                "bound_held": report["bound_held"],
-            }
-        )
+        rows.append({"front": front, **service_row(report, seconds)})
     return rows
+
+
+def service_row(report: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """A run's figures for a side-by-side bench: tokens/s, each tenant's service rate and share, and
+    the largest backlogged gap against the bound."""
+    tenants = report["tenants"]
+    total = sum(t["service"] for t in tenants.values()) or 1.0
+    return {
+        "throughput_tokens_per_s": report["throughput_tokens_per_s"],
+        "service_per_s": {name: t["service"] / seconds for name, t in tenants.items()},
+        "share": {name: t["service"] / total for name, t in tenants.items()},
+        "max_backlogged_gap": report["max_abs_service_diff"],
+        "bound": report["bound_2u"],
+        "bound_held": report["bound_held"],
+    }

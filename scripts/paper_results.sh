@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 out="${1:-out/paper}"
-trace="${FAIRGATE_SHARED:-../shared}/data/arena_trace_lengths.csv"
+trace="loadgen/data/arena_trace_lengths.csv"
 run() { .venv/bin/fairgate simulate --no-plots --no-progress --seed 42 "$@" >/dev/null; }
 three=(--policy vtc --policy fcfs --policy lcf)
 for w in overload proportional on_off_less on_off_overload poisson_short_long poisson_short_long_2 increase \

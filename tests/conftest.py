@@ -1,4 +1,4 @@
-"""Shared test settings: where the shared data lies, and hypothesis profiles."""
+"""Shared test settings: where the data lies (in the repository), and hypothesis profiles."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from loadgen.datasets import ARENA_TRACE, MOONCAKE_TRACE  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("FAIRGATE_SHARED", REPO.parent / "shared"))
-SHARED_TRACE = SHARED / "data" / "arena_trace_lengths.csv"
-SHARED_PROFILE = SHARED / "data" / "a10g_llama7b_cost_profile.json"
-SHARED_MOONCAKE = SHARED / "data" / "mooncake_conversation_trace.jsonl"
 
 settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -25,17 +23,13 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 @pytest.fixture(scope="session")
-def shared_trace() -> Path:
-    if not SHARED_TRACE.is_file():
-        pytest.fail(f"the shared real trace is missing at {SHARED_TRACE} (set FAIRGATE_SHARED)")
-    return SHARED_TRACE
+def arena_trace() -> Path:
+    return ARENA_TRACE
 
 
 @pytest.fixture(scope="session")
 def mooncake_trace() -> Path:
-    if not SHARED_MOONCAKE.is_file():
-        pytest.fail(f"the shared Mooncake trace is missing at {SHARED_MOONCAKE} (set FAIRGATE_SHARED)")
-    return SHARED_MOONCAKE
+    return MOONCAKE_TRACE
 
 
 def free_port() -> int:

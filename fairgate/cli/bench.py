@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     rb.add_argument("--policy", default="vtc", help="fairness policy of both runs")
     rb.set_defaults(bench=_reservation)
     lb = targets.add_parser("locality", help="cache-aware fair dispatch vs prefix-blind VTC and an affinity router")
-    lb.add_argument("--trace", default=None, help="Mooncake conversation trace (default: ../shared/data's)")
+    lb.add_argument("--trace", default=None, help="Mooncake conversation trace (default: the one fairgate ships)")
     lb.add_argument("--time-scale", type=float, default=3.0, help="arrivals this many times faster (overload)")
     lb.add_argument("--requests", type=int, default=None, help="only the trace's first N requests")
     lb.add_argument("--replicas", type=int, default=4, help="simulated engines")
@@ -133,7 +133,8 @@ def _flood(args: argparse.Namespace) -> int:
         gap = "-" if r["arm"] == ARMS[0].name else f"{r['max_backlogged_gap']:,.0f}"  # no queue to be backlogged in
         ttft = r["light_mean_ttft_s"]
         print(
-            f"{r['replicas']:>7}  {r['arm']:<34} {r['tokens_per_s']:>9.0f} {ratios[(r['replicas'], r['arm'])]:>5.2f}x"
+            f"{r['replicas']:>7}  {r['arm']:<34} {r['throughput_tokens_per_s']:>9.0f}"
+            f" {ratios[(r['replicas'], r['arm'])]:>5.2f}x"
             f"  {share:>20}  {gap:>7} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
             f"  {'-' if ttft is None else f'{ttft:.2f} s'}"
             f"{'' if r['bound_held'] else '  (over the bound)'}"
@@ -148,8 +149,9 @@ def _locality(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from loadgen.bench_locality import CEILING, bench_locality
+    from loadgen.datasets import MOONCAKE_TRACE
 
-    trace = Path(args.trace) if args.trace else _shared_data("mooncake_conversation_trace.jsonl")
+    trace = Path(args.trace) if args.trace else MOONCAKE_TRACE
     if not trace.is_file():
         raise UsageError(f"no trace at {trace} (give --trace)")
     if args.time_scale <= 0 or args.replicas < 1:
@@ -212,14 +214,6 @@ def _tree(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0
-
-
-def _shared_data(name: str):
-    import os
-    from pathlib import Path
-
-    root = os.environ.get("FAIRGATE_SHARED") or Path(__file__).resolve().parents[2].parent / "shared"
-    return Path(root) / "data" / name
 
 
 def _core(args: argparse.Namespace) -> int:

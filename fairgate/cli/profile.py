@@ -1,5 +1,5 @@
 """``fairgate profile``: measure an engine's prefill and decode times by length into a cost profile
-(the format of ``../shared/data/a10g_llama7b_cost_profile.json``)."""
+(the format of ``loadgen/data/a10g_llama7b_cost_profile.json``, the VTC paper's A10G profile)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from gateway.config import parse_config
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO
 
-CRDS = SHARED / "schemas" / "kuberay-v1.7.0"
+CRDS = REPO / "k8s" / "schemas" / "kuberay-v1.7.0"
 OVERLAYS = ["cpu-sim", "gpu"]
 KUBERNETES_VERSION = "1.32"
 

@@ -53,8 +53,8 @@ def test_weighted_vtc_delivers_1_2_3_4():
         assert r["tenants"][f"W{w}"]["service"] / unit == pytest.approx(w, rel=0.05)
 
 
-def test_real_trace_vtc_is_fairer_and_light_tenants_wait_far_less(shared_trace):
-    (w,) = load_workloads(str(shared_trace))
+def test_real_trace_vtc_is_fairer_and_light_tenants_wait_far_less(arena_trace):
+    (w,) = load_workloads(str(arena_trace))
     vtc, fcfs = report(w, "vtc"), report(w, "fcfs")
     assert vtc["avg_windowed_service_diff"] < fcfs["avg_windowed_service_diff"]
     light = [t for t, row in vtc["tenants"].items() if row["under_share"]]
@@ -68,8 +68,8 @@ def test_real_trace_vtc_is_fairer_and_light_tenants_wait_far_less(shared_trace):
     assert vtc["throughput_tokens_per_s"] >= 0.99 * fcfs["throughput_tokens_per_s"]
 
 
-def test_rpm_rejects_requests_while_capacity_sits_idle(shared_trace):
-    (w,) = load_workloads(str(shared_trace))
+def test_rpm_rejects_requests_while_capacity_sits_idle(arena_trace):
+    (w,) = load_workloads(str(arena_trace))
     rpm, vtc = report(w, "rpm:5"), report(w, "vtc")
     assert rpm["rejected"] > 100 and rpm["rejected_while_idle"] > 0
     assert rpm["work_per_s"] < 0.7 * vtc["work_per_s"]

@@ -16,7 +16,7 @@ from dispatcher.core import (
     cost_from_spec,
 )
 from dispatcher.core.costs import fit_profiled_cost
-from tests.conftest import SHARED_PROFILE
+from loadgen.datasets import COST_PROFILE
 from tests.unit.schedulers import make
 
 
@@ -124,7 +124,7 @@ def test_a_profile_whose_free_fit_would_charge_negatively_gets_the_closest_valid
 
 def test_the_papers_fit_is_accepted_and_refitting_its_profile_gives_it_again():
     assert ProfiledCost().total(100, 10) > 0
-    profile = json.loads(SHARED_PROFILE.read_text())
+    profile = json.loads(COST_PROFILE.read_text())
     fitted = fit_profiled_cost(profile)
     assert fitted.a == pytest.approx(ProfiledCost().a, rel=1e-4) and fitted.d == pytest.approx(
         ProfiledCost().d, rel=1e-4

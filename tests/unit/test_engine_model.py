@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import SHARED_PROFILE
+from loadgen.datasets import COST_PROFILE
 from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 UNIT = StepTimeModel(0.01, 0.0, 0.0, 0.0)  # every step 10 ms
@@ -142,7 +142,7 @@ def test_step_time_model_charges_prefill_and_decode():
 
 
 def test_fit_from_the_shared_profile_matches_the_built_in_calibration():
-    fitted = StepTimeModel.from_profile(json.loads(SHARED_PROFILE.read_text()))
+    fitted = StepTimeModel.from_profile(json.loads(COST_PROFILE.read_text()))
     built_in = StepTimeModel.a10g_llama7b()
     for a, b in zip(fitted.to_dict().values(), built_in.to_dict().values(), strict=True):
         assert a == pytest.approx(b, rel=0.01)

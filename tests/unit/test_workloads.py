@@ -52,13 +52,13 @@ def test_dist_shift_idle_period_is_a_parameter():
     assert len(dist_shift(1, idle_s=120).requests) != len(dist_shift(1, idle_s=30).requests)
 
 
-def test_real_trace_from_csv(shared_trace):
-    (w,) = load_workloads(str(shared_trace))
+def test_real_trace_from_csv(arena_trace):
+    (w,) = load_workloads(str(arena_trace))
     assert len(w.requests) == 1500 and len(w.tenants) == 27 and w.duration_s == 600.0
 
 
-def test_synthesised_trace_has_the_same_statistics(shared_trace):
-    real_rows, _ = load_trace_csv(shared_trace)
+def test_synthesised_trace_has_the_same_statistics(arena_trace):
+    real_rows, _ = load_trace_csv(arena_trace)
     synth_rows, duration = synthesize_arena_trace(seed=5)
     assert duration == 600.0 and len(synth_rows) == len(real_rows)
     real_counts = sorted(Counter(r[0] for r in real_rows).values())
