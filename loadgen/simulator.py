@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from dispatcher.core import FairScheduler, SchedulerConfig, engine_queue_slack, make_policy, unit_u
+from dispatcher.core import FairScheduler, SchedulerConfig, make_policy
 from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
@@ -152,11 +152,7 @@ class Simulation:
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        longest_prompt, longest_output = self.workload.longest()
-        u = unit_u(self.config.cost, longest_prompt, longest_output, pool)
-        stated = self.scheduler.policy.bound(u)  # the policy's own (2U + Δ with locality slack), else VTC's
-        queued = self.config.max_engine_waiting * self.config.replicas  # the engines' queues (their depth cap)
-        bound = (2.0 * u if stated is None else stated) + engine_queue_slack(self.config.cost, longest_prompt, queued)
+        bound = self.scheduler.bound_for(*self.workload.longest(), pool, self.config.replicas)
         return summarize(
             self.recorder,
             workload=self.workload.name,

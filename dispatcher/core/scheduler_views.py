@@ -75,10 +75,15 @@ class SchedulerViews:
         2U + Δ, where it states one) plus what the engines' queues can add."""
         active = [w for w in self.workers.slots.values() if not w.draining]
         pool = sum(w.kv_tokens for w in active)
-        u = unit_u(self.cost, self.longest_prompt, self.longest_output, pool)
+        return self.bound_for(self.longest_prompt, self.longest_output, pool, len(active))
+
+    def bound_for(self, longest_prompt: int, longest_output: int, pool: int, engines: int) -> float:
+        """The stated bound for requests of these sizes on ``engines`` engines of ``pool`` KV tokens in
+        all: the policy's own (2U + Δ with locality slack), else VTC's 2U, plus the engines' queues."""
+        u = unit_u(self.cost, longest_prompt, longest_output, pool)
         stated = self.policy.bound(u)
-        queued = self.config.max_engine_waiting * len(active)
-        return (2.0 * u if stated is None else stated) + engine_queue_slack(self.cost, self.longest_prompt, queued)
+        queued = self.config.max_engine_waiting * engines
+        return (2.0 * u if stated is None else stated) + engine_queue_slack(self.cost, longest_prompt, queued)
 
     def demand(self) -> Demand:
         """Running and waiting load against the workers taking work (the autoscaler's input)."""

@@ -106,6 +106,7 @@ class SimulatedEngine:
         self.cached_tokens_seen = 0
         self.preemptions = 0  # in all
         self._added = 0
+        self._unordered = False  # requests joined the waiting queue since it was last put in rank order
 
     # ------------------------------------------------------------ interface
 
@@ -131,6 +132,7 @@ class SimulatedEngine:
         self._added += 1
         req.order = self._added
         self.waiting.append(req)
+        self._unordered = True
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; it is reported finished with reason "abort" at the end of the next step."""
@@ -220,6 +222,7 @@ class SimulatedEngine:
                 shortfall -= before - self.used_blocks
                 self.running.remove(victim)
                 self.waiting.appendleft(victim)
+                self._unordered = True
                 self._preempted_last += 1
         self.preemptions += self._preempted_last
         for req in decode:
@@ -238,8 +241,9 @@ class SimulatedEngine:
     def _admit(self) -> list[EngineRequest]:
         admitted: list[EngineRequest] = []
         limit = self.max_running
-        if self.preempt_by == "priority" and len(self.waiting) > 1:  # vLLM's priority policy orders its queue too
+        if self._unordered and self.preempt_by == "priority":  # vLLM's priority policy orders its queue too
             self.waiting = deque(sorted(self.waiting, key=lambda r: (r.priority, r.order)))
+        self._unordered = False
         while self.waiting and (limit is None or len(self.running) < limit):
             req = self.waiting[0]
             if req.aborted:
