@@ -30,7 +30,7 @@ KV_TOKENS = 1024
 # prompt's cached tokens in usage (so that a test can see whose prefixes were shared)
 SERVE_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--enable-prompt-tokens-details"]
 VLLM = {"model": "tiny", "kv_tokens": KV_TOKENS, "block_size": 32, "serve_args": SERVE_ARGS}
-LOAD = {"alice": 10, "bob": 20}  # closed-loop clients; the pool holds about 8 requests at a time
+LOAD = {"alice": 25, "bob": 50}  # closed-loop clients: more than the engine runs, queues and over-commits
 
 
 @pytest.fixture(scope="module")
