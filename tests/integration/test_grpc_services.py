@@ -222,9 +222,9 @@ def test_too_large_request_is_rejected():
 
 
 async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
-    """Closed-loop clients, twice as many for B as for A, far more than the worker holds: both tenants
-    stay backlogged. Returns each tenant's service between two moments and whether both were
-    backlogged at both moments."""
+    """Closed-loop clients, twice as many for B as for A, far more than the worker holds (it admits by
+    its free KV, about 40 of these beside its short queue): both tenants stay backlogged. Returns each
+    tenant's service between two moments and whether both were backlogged at both moments."""
     kv = 2000
     service, workers = await cluster(kv_tokens=kv, policy=policy)
     counter = iter(range(1_000_000))
@@ -234,8 +234,8 @@ async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
             p = await service.submit(f"{tenant}{next(counter)}", tenant, 50, 50)
             await generate(p, "word " * 50, 50)
 
-    tasks = [asyncio.create_task(client("A")) for _ in range(30)]
-    tasks += [asyncio.create_task(client("B")) for _ in range(60)]
+    tasks = [asyncio.create_task(client("A")) for _ in range(50)]
+    tasks += [asyncio.create_task(client("B")) for _ in range(100)]
     await asyncio.sleep(0.5)
     s = service.scheduler
     backlogged = s.is_backlogged("A") and s.is_backlogged("B")
