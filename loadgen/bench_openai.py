@@ -38,6 +38,7 @@ import httpx
 import yaml
 
 from common.loopback import FRONT_DOOR_ENV
+from loadgen.cpu_split import parse_cpus, split_cpus
 from loadgen.pausing import listening_process, paused
 from workers.engines import engine_for
 
@@ -66,6 +67,7 @@ class OpenAIBenchConfig:
     light_requests: int = 30
     short_concurrency: int = 16
     short_requests: int = 1200  # long enough to be more than its ramp and tail
+    engine_cpus: str = ""  # "": everything shares every core; else these cores run the engine's compute only
 
 
 @dataclass
@@ -280,6 +282,7 @@ def bench_openai(
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}
     plugin = engine_for(config.engine)
+    pin = _cpu_split(plugin, config.engine_cpus)
     alone_port = _free_port()
     alone_log = log_dir / "engine-alone.log" if log_dir is not None else None
     with plugin.reference_server(plugin.settings(config.settings), config.model, alone_port, alone_log) as alone_base:
@@ -291,6 +294,7 @@ def bench_openai(
             with through_gateway(config, _free_port(), door, log) as (base, key, gateway_pid):
                 arms = {"alone": (alone_base, "none", gateway_pid), door: (base, key, alone_pid)}
                 for url, api_key, other in arms.values():  # both warm (a first loaded pass ran slower)
+                    pin(alone_pid, gateway_pid)
                     with paused(other):
                         time.sleep(RESUME_SETTLE_S)
                         asyncio.run(warm_up(url, api_key, config))
@@ -298,6 +302,7 @@ def bench_openai(
                     got: dict[str, ArmResult] = {}
                     for arm in ("alone", door) if i % 2 == 0 else (door, "alone"):
                         url, api_key, other = arms[arm]
+                        pin(alone_pid, gateway_pid)  # a process started since (Ray's) gets its side too
                         with paused(other):
                             time.sleep(RESUME_SETTLE_S)
                             got[arm] = asyncio.run(measure(url, api_key, config))
@@ -312,6 +317,21 @@ def bench_openai(
         "ratios": {door: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for door, rs in ratios.items()},
         "round_ratios": ratios,
     }
+
+
+def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., None]:
+    """What pins both arms' processes before each pass: nothing without ``engine_cpus``."""
+    if not engine_cpus:
+        return lambda *roots: None
+    title = plugin.compute_process_title
+    if title is None:
+        raise ValueError(f"the {plugin.name} engine computes inside its worker: it has no processes to pin")
+    cpus = parse_cpus(engine_cpus)
+
+    def pin(*roots: int) -> None:
+        split_cpus(roots, title, cpus)
+
+    return pin
 
 
 def _ratios(arm: ArmResult, alone: ArmResult) -> dict[str, float]:

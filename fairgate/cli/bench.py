@@ -63,6 +63,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument("--max-num-seqs", type=int, default=64, help="vLLM's batch limit")
     ob.add_argument("--cpu-threads", type=int, default=1, help="vLLM's CPU kernel threads (unpinned), both arms")
     ob.add_argument("--dtype", default=None, help="vLLM's dtype, both arms (e.g. float32 where bfloat16 kernels fail)")
+    ob.add_argument(
+        "--engine-cpus",
+        default="",
+        help="cores for the engine's compute alone, both arms (e.g. 1): the rest run every other process, "
+        "as a GPU host's cores run all but the model (default: all share every core)",
+    )
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
     ob.add_argument("--requests", type=int, default=480, help="streamed chat requests per arm and round")
     ob.add_argument("--short-requests", type=int, default=1200, help="1-token completions per arm and round")
@@ -299,6 +305,14 @@ def _openai(args: argparse.Namespace) -> int:
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
     config.short_requests, config.prompt_words = args.short_requests, max(0, args.prompt_words)
+    config.engine_cpus = args.engine_cpus
+    if args.engine_cpus:
+        from loadgen.cpu_split import parse_cpus
+
+        try:
+            parse_cpus(args.engine_cpus)
+        except ValueError as e:
+            raise UsageError(f"--engine-cpus: {e}") from None
     rounds = max(1, args.rounds)
     out = bench_openai(config, doors, rounds=rounds)
     print(
@@ -307,6 +321,8 @@ def _openai(args: argparse.Namespace) -> int:
         f"{args.requests} requests per arm and round; light load: 1 stream; short: 1-token completions, "
         f"{config.short_concurrency} at once; medians of {rounds} rounds, each arm measured with the other paused"
     )
+    if args.engine_cpus:
+        print(f"engine compute on CPUs {args.engine_cpus} alone; every other process of both arms on the rest")
     print(
         f"{'':<26} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
     )

@@ -193,6 +193,9 @@ class EnginePlugin:
         return None
 
     reference_name: ClassVar[str] = "engine layer alone"
+    # the title of the processes that run the model (None: it runs inside the worker), for benchmarks that
+    # give them cores of their own as a GPU host's device is its own (``loadgen.cpu_split``)
+    compute_process_title: ClassVar[str | None] = None
 
     def reference_server(
         self, settings: Settings, served_model: str, port: int, log: Any = None

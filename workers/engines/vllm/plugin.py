@@ -58,6 +58,7 @@ class VllmPlugin(EnginePlugin):
         return VllmSettings.from_dict(settings["vllm"]).model
 
     reference_name = "vLLM's own server"
+    compute_process_title = "VLLM::Worker"  # the executor's model process (the CPU platform always starts one)
 
     def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):
         from workers.engines.vllm.reference_server import vllm_server
