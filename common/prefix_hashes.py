@@ -1,4 +1,4 @@
-"""Chained hashes of a prompt's token blocks: what the dispatcher knows of a prompt (DESIGN §2b).
+"""Chained hashes of a prompt's token blocks: what the dispatcher knows of a prompt (docs/architecture.md).
 
 Block i's hash covers the salt and every token up to the end of block i, so equal hashes mean equal
 prefixes (and the same salt: a tenant's, or its sharing group's; tenants are never compared across

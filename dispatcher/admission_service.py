@@ -1,4 +1,4 @@
-"""The dispatcher's admission endpoint: the ingress's one call per request (DESIGN §2).
+"""The dispatcher's admission endpoint: the ingress's one call per request (docs/architecture.md).
 
 Each ingress replica keeps one connection here (``common/frames.py``): its first frame is the ingress
 token, derived from the cluster secret, which no tenant has (a connection without it is answered

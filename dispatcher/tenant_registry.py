@@ -14,9 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from common.tenant_schema import MAX_GROUP_CHARS
 from dispatcher.core import make_policy
 from dispatcher.core.classes import RequestClass, default_class
 from dispatcher.core.tree import TreeError, check_tree, parents_first
+from dispatcher.core.weights import weight_problem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # the whole name (fullmatch: "$" lets "\n" end it)
 AUTO_TIERS = ("", "auto")  # what a client sends for "the key's default class"
@@ -251,10 +253,10 @@ class TenantRegistry:
 
 
 def _check_group(group: str) -> None:
-    if not isinstance(group, str) or len(group) > 64:
-        raise TenantError(400, f"cache_group must be a name of at most 64 characters, got {group!r}")
+    if not isinstance(group, str) or len(group) > MAX_GROUP_CHARS:
+        raise TenantError(400, f"cache_group must be a name of at most {MAX_GROUP_CHARS} characters, got {group!r}")
 
 
 def _check_weight(weight: float) -> None:
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1e6:
-        raise TenantError(400, f"weight must be a positive number, got {weight!r}")
+    if problem := weight_problem(weight):
+        raise TenantError(400, problem)

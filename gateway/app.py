@@ -12,9 +12,9 @@ import httpx
 import ray
 from ray import serve
 
-from common.config import GatewayConfig, WorkerSettings
 from common.loopback import front_door, ray_environment
 from dispatcher.actor import dispatcher_settings
+from gateway.config_schema import GatewayConfig, WorkerSettings
 from ingress.deployment import Ingress
 from workers.autoscaling import POLICY_PATH
 from workers.deployment import WorkerReplica

@@ -1,5 +1,5 @@
 """Loading the gateway's configuration: a YAML file (or the embedded ``default_config.yaml``) checked
-against the schema (``common.config``), then the workers' engine settings checked by the engine's own
+against the schema (``gateway.config_schema``), then the workers' engine settings checked by the engine's own
 plug-in. Everything that starts a gateway reads its configuration through here."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from common.config import ConfigError, GatewayConfig, WorkerSettings, read_yaml, validate
+from common.sections import ConfigError, read_yaml
+from gateway.config_schema import GatewayConfig, WorkerSettings, validate
 from workers.engines import engine_for
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common.config import ADMIN, ConfigError, secret_from_env
+from common.sections import ConfigError, secret_from_env
 from gateway.config import load_config
+from gateway.config_schema import ADMIN
 
 
 def build(args: dict[str, Any]):

@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from fastapi import Request
 
-from common.config import hash_key
+from common.sections import hash_key
 from ingress.openai_api import ApiError
 
 

@@ -22,9 +22,9 @@ from fastapi.responses import HTMLResponse, Response
 from ray import serve
 from ray.exceptions import RayActorError
 
-from common.config import hash_key
 from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
+from common.sections import hash_key
 from common.tracing import RequestTrace, configure_tracing, finished_spans
 from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_api import TenantChange, node_change, tenant_change

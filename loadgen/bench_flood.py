@@ -19,7 +19,7 @@ import numpy as np
 
 from loadgen.bench_reservation import service_row
 from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workloads import TraceRequest, Workload
+from loadgen.workload import TraceRequest, Workload
 
 HEAVY, LIGHT = "heavy", "light"
 OUTSTANDING = {HEAVY: 32, LIGHT: 8}

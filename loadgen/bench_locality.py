@@ -1,5 +1,5 @@
 """``fairgate bench locality``: cache-aware fair dispatch against prefix-blind VTC and an unfair
-prefix-affinity router, side by side on the Mooncake conversation trace (DESIGN §2b).
+prefix-affinity router, side by side on the Mooncake conversation trace (docs/architecture.md).
 
 Every arm replays the same requests (``loadgen.mooncake``: tenants derived from conversations, one
 heavy and three light, blocks salted per tenant) on the same engines: ``replicas`` simulated

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.simulator import SimulationConfig, simulate
-from loadgen.workloads import TraceRequest, Workload
+from loadgen.workload import TraceRequest, Workload
 
 GREEDY_MAX_TOKENS = 4000  # near the 4,096-token context of the paper's Llama-7B
 

@@ -1,4 +1,4 @@
-"""``fairgate bench tree``: the tenant tree and request classes under overload (DESIGN §2b).
+"""``fairgate bench tree``: the tenant tree and request classes under overload (docs/architecture.md).
 
 One workload, two organisations weighted 1:3; in each, three teams of weights 1, 2 and 3: the first
 with ten keys, the second with one key of the same total demand, the third with one key mixing
@@ -26,7 +26,8 @@ from dispatcher.core import unit_u
 from dispatcher.core.fairness import max_min_shares
 from dispatcher.core.tree import TenantTree, TreeNode
 from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workloads import Workload, workload_from_spec
+from loadgen.workload import Workload
+from loadgen.workload_spec import workload_from_spec
 
 ORGS = {"org-a": 1.0, "org-b": 3.0}
 TEAMS = {"keys10": 1.0, "key1": 2.0, "mixed": 3.0}

@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 
-from loadgen.workloads import Workload
+from loadgen.workload import Workload
 from workers.engines.interface import EngineRunner, GenerationParams
 
 

@@ -11,7 +11,7 @@ prefix, so cacheable KV). The trace has no tenants; they are derived from conver
   heavy tenant with 55% of the conversations and three light ones with 15% each).
 
 Block ids are salted per tenant (``salt``): the same system prompt of two tenants is two different
-blocks, as the gateway's per-tenant cache salt makes it (DESIGN §2). Tenants in one sharing group
+blocks, as the gateway's per-tenant cache salt makes it (docs/architecture.md). Tenants in one sharing group
 share a salt. Only full blocks are cacheable: a prompt's partial last block carries no hash.
 """
 
@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from loadgen.workloads import TraceRequest, Workload, WorkloadError
+from loadgen.workload import TraceRequest, Workload, WorkloadError
 
 MOONCAKE_BLOCK_TOKENS = 512
 DEFAULT_SHARES = {"heavy": 0.55, "light-a": 0.15, "light-b": 0.15, "light-c": 0.15}

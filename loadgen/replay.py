@@ -19,7 +19,7 @@ from tqdm import tqdm
 from dispatcher.core.costs import CostFunction, LinearCost
 from dispatcher.core.fairness import two_u
 from loadgen.metrics import RunSummary, ServiceRecorder, summarize
-from loadgen.workloads import Workload
+from loadgen.workload import Workload
 
 
 @dataclass

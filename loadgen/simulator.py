@@ -21,7 +21,7 @@ from dispatcher.core import FairScheduler, SchedulerConfig, make_policy
 from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
-from loadgen.workloads import TraceRequest, Workload
+from loadgen.workload import TraceRequest, Workload
 from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 DEFAULT_KV_TOKENS = 10_000

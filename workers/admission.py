@@ -1,5 +1,5 @@
 """What a worker lets through of a client's OpenAI request body: what the ticket admitted, whatever the
-body says (DESIGN §2, "what the worker enforces").
+body says (docs/architecture.md, "a worker").
 
 - output: ``max_tokens`` (and ``max_completion_tokens``) at most the admitted budget shared among the
   admitted choices, the budget itself when absent;

@@ -1,4 +1,4 @@
-"""Request classes (DESIGN §2b): e.g. interactive and batch within one tenant, weighted, never starving.
+"""Request classes (docs/architecture.md): e.g. interactive and batch within one tenant, weighted, never starving.
 
 A class is a leaf of its tenant's own tree node, weighted against the tenant's other classes the way
 siblings are (the tenant's default class keeps the tenant's name; ``tenant~batch`` holds its batch
@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dispatcher.core.weights import weight_problem
+
 
 @dataclass(frozen=True, slots=True)
 class RequestClass:
@@ -26,8 +28,8 @@ class RequestClass:
     def __post_init__(self) -> None:
         if not self.name or "~" in self.name or len(self.name) > 32:
             raise ValueError(f"request class names are 1-32 characters without '~', got {self.name!r}")
-        if not self.weight > 0:
-            raise ValueError(f"request class {self.name!r}: weight must be positive, got {self.weight}")
+        if problem := weight_problem(self.weight):
+            raise ValueError(f"request class {self.name!r}: {problem}")
         if self.ttft_s is not None and not self.ttft_s > 0:
             raise ValueError(f"request class {self.name!r}: ttft_s must be positive, got {self.ttft_s}")
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 class CostFunction(Protocol):
     """Service, in cost units, of a request with ``n_p`` prompt and ``n_q`` output tokens, of which
     ``n_c`` prompt tokens were found in the engine's prefix cache: ``total(n_p, n_q) -
-    cached_discount(n_c)`` (DESIGN §2b). The discount is linear in ``n_c`` and never more than the
+    cached_discount(n_c)`` (docs/architecture.md). The discount is linear in ``n_c`` and never more than the
     prompt's own charge, so every charge stays non-negative."""
 
     def total(self, n_p: int, n_q: int) -> float: ...
@@ -52,7 +52,7 @@ class LinearCost:
         return {"kind": "linear", "w_p": self.w_p, "w_q": self.w_q, "w_c": self.w_c}
 
 
-# The paper's fit of h to the A10G / Llama-7B profile (DESIGN §1): milliseconds of engine time.
+# The paper's fit of h to the A10G / Llama-7B profile (its data: loadgen/data/README.md): milliseconds of engine time.
 PAPER_PROFILE_COEFFS = (0.21001891, 0.10075395, 0.0039868, 0.00324733, 1.14601454)
 
 

@@ -2,7 +2,7 @@
 and the tests: VTC's bound 2U, the largest counter gap between backlogged tenants, Jain's index, and
 the weighted max-min fair shares that Jain's index is taken against when demand is known.
 
-U (DESIGN §1) is the most service one tenant can be charged ahead of another in one go: the charge of
+U (docs/architecture.md) is the most service one tenant can be charged ahead of another in one go: the charge of
 the longest prompt at dispatch, or a full KV pool of output tokens at the costliest per-token charge,
 U = max(h(L, 0), M × max over k of h(n_p, k) - h(n_p, k - 1)). For the linear cost this is
 max(w_p × L, w_q × M). For the profiled cost the per-token charge grows with the prompt and the

@@ -1,6 +1,6 @@
 """The charging ledger: every charge and refund of a tenant's service and counter goes through here.
 
-A request is accounted at a *point* (prompt tokens, output tokens) of the cost function h (DESIGN §1).
+A request is accounted at a *point* (prompt tokens, output tokens) of the cost function h (docs/architecture.md).
 Its service point is what the engine did for it (the prompt from dispatch on, then each output
 token); its charged point is what the tenant's counter was charged for it, which runs ahead of the
 service under VTC with length prediction. ``None`` is "nothing accounted" (cost 0). Every event of
@@ -10,7 +10,7 @@ and ``account`` turns it into cost: h(after) - h(before) of service (``cost_betw
 written once), and the charged point's move divided by the tenant's weight on its counter.
 Prompt tokens found in the engine's prefix cache are a third coordinate, accounted apart
 (``account_cached``): their discount is linear, so it moves service and counter alike.
-Every move is charged to the tenant's tree nodes too (DESIGN §2b hierarchy), each counter divided
+Every move is charged to the tenant's tree nodes too (docs/architecture.md: tree), each counter divided
 by that node's weight: a node's counter is its subtree's weighted service. A request remembers the
 nodes and weights its dispatch was charged to (``Request.path``), so that its refunds and
 corrections go back there at those weights, whatever moved or was reweighted in between.

@@ -70,7 +70,7 @@ class Tenant:
     ``counter``: VTC's virtual counter (weighted charges, including predictions and lifts).
     ``service``: exact service delivered, in cost units, unweighted. ``lifted``: total added by lifts,
     so that counter == service / weight + lifted once every prediction is settled. ``parent``: the
-    tree node it is a leaf of ("": the root; DESIGN §2b hierarchy); ``ancestors``: that node and the
+    tree node it is a leaf of ("": the root; docs/architecture.md: tree); ``ancestors``: that node and the
     ones above it up to the root (excluded), which every charge of this tenant is charged to as well.
     """
 

@@ -1,5 +1,5 @@
 """The two ways a request other than the policy's next one may go first: the locality slack (a tenant
-within Δ of the least served with a longer cached prefix, DESIGN §2b) and relaxed head-of-line (the
+within Δ of the least served with a longer cached prefix, docs/architecture.md) and relaxed head-of-line (the
 next tenant whose request fits). A part of ``FairScheduler``."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class OutOfOrderPicks:
     def _local_pick(
         self, floor: float, top: Tenant, head: Request, parent: TreeNode
     ) -> tuple[Tenant, Request, WorkerSlot] | None:
-        """Locality slack (DESIGN §2b): among the waiting tenants whose key is within the policy's
+        """Locality slack (docs/architecture.md): among the waiting tenants whose key is within the policy's
         slack of the smallest (at most ``LOCAL_TENANTS`` of them, in order; a tenant of weight w
         within Δ / w, so that the weighted bound holds for every pair), and among the first
         ``LOCAL_WINDOW`` requests of each, the request that finds the longest cached prefix on a

@@ -10,7 +10,7 @@ The engine evicts earlier than a pool-sized LRU would (running requests hold blo
 request's exact cached count at start says how good the model was: a shortfall shrinks that worker's
 modelled capacity (the oldest entries go), a full hit lets it grow back towards the pool. So an
 expectation that was too hopeful once is corrected for the next requests, and every charge made from
-it is corrected by the exact count anyway (DESIGN §2b, cache-aware cost).
+it is corrected by the exact count anyway (docs/architecture.md: cost).
 """
 
 from __future__ import annotations

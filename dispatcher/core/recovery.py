@@ -27,7 +27,7 @@ class WorkerRecovery:
         so that the worker re-announcing them after a broken stream charges only what is new)."""
         self.workers.leave(worker_id)
         self.prefixes.leave(worker_id)
-        mine = sorted((r for r in self._in_flight.values() if r.worker == worker_id), key=lambda r: -r.seq)
+        mine = sorted((r for r in self.state.in_flight.values() if r.worker == worker_id), key=lambda r: -r.seq)
         requeued: list[str] = []
         lost: list[str] = []
         for req in mine:
@@ -37,12 +37,18 @@ class WorkerRecovery:
                 continue
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)
-            del self._in_flight[req.id]
+            del self.state.in_flight[req.id]
             self._settle_prediction(t, req)  # it ends here: a prediction it never reached is not kept
             t.in_flight -= 1
             t.finished += 1
             self._rekey_if_lower(t, before)
-            self._settled[req.id] = (req.prompt_tokens, req.output_tokens, req.charged_output, req.weight, req.path)
+            self.state.settled[req.id] = (
+                req.prompt_tokens,
+                req.output_tokens,
+                req.charged_output,
+                req.weight,
+                req.path,
+            )
             lost.append(req.id)
         requeued.reverse()
         return LeaveResult(requeued, lost)
@@ -50,12 +56,12 @@ class WorkerRecovery:
     def requeue(self, request_id: str) -> bool:
         """An assigned request that never started (its worker died, or its caller could not reach the
         worker) goes back to the head of its tenant's queue with its dispatch charge refunded."""
-        req = self._in_flight.get(request_id)
+        req = self.state.in_flight.get(request_id)
         if req is None or req.started:
             return False
         t = self.tenants[req.tenant]
         before = self._key_if_waiting(t)
-        del self._in_flight[request_id]
+        del self.state.in_flight[request_id]
         t.in_flight -= 1
         self._release(req)
         self._refund_dispatch(t, req)
@@ -67,9 +73,9 @@ class WorkerRecovery:
         else:
             self._rekey_if_lower(t, before)
         t.queued_tokens += req.prompt_tokens + req.max_tokens
-        self._queued_ids[req.id] = t.name
+        self.state.queued_ids[req.id] = t.name
         if self.config.max_queue_s is not None:  # it waits again, still counted from its arrival
-            heapq.heappush(self._arrivals, (req.arrival, req.seq, req.id))
+            heapq.heappush(self.state.arrivals, (req.arrival, req.seq, req.id))
         return True
 
     def adopt(
@@ -81,15 +87,15 @@ class WorkerRecovery:
         still tracked there (the old stream's end not seen yet) is brought to the announced count: the
         reports in between were lost. Returns whether it was taken in."""
         slot = self.workers.get(worker_id)
-        known = self._in_flight.get(request_id)
+        known = self.state.in_flight.get(request_id)
         if known is not None and known.worker == worker_id and output_tokens > known.output_tokens:
             self.on_report(worker_id, {request_id: output_tokens - known.output_tokens})
         if slot is None or known is not None:
             return False
-        if request_id in self._queued_ids:  # a copy re-queued meanwhile: the original runs
+        if request_id in self.state.queued_ids:  # a copy re-queued meanwhile: the original runs
             self.cancel(request_id)
         t = self.tenants.get(tenant) or self._leaf_named(tenant)
-        settled = self._settled.pop(request_id, None)
+        settled = self.state.settled.pop(request_id, None)
         before_p, before_out, before_charged, weight, path = settled or (0, 0, 0, t.weight, None)
         if path is None:  # charged afresh: to the nodes above it now
             path = tuple((node.name, node.weight) for node in t.ancestors)
@@ -104,15 +110,15 @@ class WorkerRecovery:
         t.output_tokens += max(0, output_tokens - before_out)
         length = max(max_tokens, output_tokens, 1)
         need = admission_need(prompt_tokens)
-        req = Request(request_id, tenant, prompt_tokens, length, 0.0, self._next_seq, need)
-        self._next_seq += 1
+        req = Request(request_id, tenant, prompt_tokens, length, 0.0, self.state.next_seq, need)
+        self.state.next_seq += 1
         req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight
         req.path = path
         req.output_tokens, req.charged_output = output_tokens, charged
         slot.committed += need
         slot.in_flight += 1
         t.in_flight += 1
-        self._in_flight[request_id] = req
+        self.state.in_flight[request_id] = req
         return True
 
     def settle_ended(
@@ -130,13 +136,13 @@ class WorkerRecovery:
         with the worker (or put back in its queue, or placed again elsewhere without starting) is
         adopted and finished; one it still tracks there is brought to its final count and finished;
         one already finished is left alone. True when it was settled here."""
-        req = self._in_flight.get(request_id)
+        req = self.state.in_flight.get(request_id)
         if req is not None and req.worker == worker_id:
             if output_tokens > req.output_tokens:
                 self.on_report(worker_id, {request_id: output_tokens - req.output_tokens})
             self.on_finish(request_id, output_tokens, "stop", now)
             return True
-        if req is None and request_id not in self._settled and request_id not in self._queued_ids:
+        if req is None and request_id not in self.state.settled and request_id not in self.state.queued_ids:
             return False  # finished here before: nothing to do
         if req is not None:
             if req.started:

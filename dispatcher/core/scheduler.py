@@ -1,6 +1,6 @@
 """The fair scheduler: per-tenant queues, the waiting set, the worker table, driven by a fairness policy.
 
-This is the one implementation of dispatching (DESIGN §1). It is pure: no I/O, no clock, no threads;
+This is the one implementation of dispatching (docs/architecture.md). It is pure: no I/O, no clock, no threads;
 every event carries ``now``. The simulator, the Ray actor and the tests all drive it through the same
 events: ``submit``, ``assign``, ``on_report``, ``on_finish``, ``cancel``, ``worker_join``,
 ``worker_drain``, ``worker_leave``, ``requeue``, ``adopt``. What is fair is the policy's to say
@@ -34,6 +34,7 @@ from dispatcher.core.reasons import (
 )
 from dispatcher.core.recovery import WorkerRecovery
 from dispatcher.core.scheduler_config import SchedulerConfig
+from dispatcher.core.scheduler_state import SchedulerState
 from dispatcher.core.scheduler_views import SchedulerViews
 from dispatcher.core.tenant_book import TenantBook
 from dispatcher.core.tree import TenantTree
@@ -41,11 +42,6 @@ from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
 PRIORITY_SCALE = 100  # preemption ranks in hundredths of a request in flight per unit of weight
-
-
-# what a request that ran was charged, kept for its re-announcement: prompt, output, charged output,
-# the weight and tree path its charges were divided by
-Settled = tuple[int, int, int, float, tuple[tuple[str, float], ...]]
 
 
 class Assignment(NamedTuple):
@@ -69,24 +65,28 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         self.workers = WorkerTable(placement, self.config.max_engine_waiting, self.config.overcommit)
         self.lengths = MovingAveragePredictor()  # what each tenant's requests generate: their footprints
         self._slack = self.policy.locality_slack  # 0: the policy's order exactly
-        self.tenants: dict[str, Tenant] = {}
+        self.state = SchedulerState()  # tenants, queued and in-flight requests: what recovery writes
         self._key = self.policy.key_function(self.tenants)
         self.tree = TenantTree(self.tenants, self._key, self.policy.rejoin)
         self.ledger.nodes = self.tree.nodes
         self._waiting = self.tree.root.waiting
         self.classes = {c.name: c for c in self.config.classes}
         self.default_class = default_class(self.config.classes)
-        self._in_flight: dict[str, Request] = {}
-        self._queued_ids: dict[str, str] = {}  # queued request id -> its tenant
-        self._arrivals: list[tuple[float, int, str]] = []  # heap of (arrival, seq, id), only with max_queue_s
-        self._next_seq = 0
-        # id -> (prompt, output, charged output, weight charged at) of requests that ran when their worker
-        # or this dispatcher went away: what a re-announcement is charged beyond
-        self._settled: dict[str, Settled] = {}
-        self._resumed: set[str] = set()  # tenants waiting when the durable state was written (not lifted)
-        self.longest_prompt = 0  # of every request submitted, and the largest max_tokens: for 2U
-        self.longest_output = 0
         self.dropped: list[tuple[Request, str]] = []
+
+    @property
+    def tenants(self) -> dict[str, Tenant]:
+        return self.state.tenants
+
+    @property
+    def longest_prompt(self) -> int:
+        """The longest prompt submitted so far (for the bound's U)."""
+        return self.state.longest_prompt
+
+    @property
+    def longest_output(self) -> int:
+        """The largest ``max_tokens`` submitted so far (for the bound's U)."""
+        return self.state.longest_output
 
     # ------------------------------------------------------------------ events
 
@@ -108,7 +108,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         admission (e.g. RPM's window) is not asked again. ``prefix``: the chained hashes of its prompt's
         blocks of ``block_tokens`` tokens (for cache-aware placement, order and cost). ``klass``: its
         request class ("": the default); the request's ``tenant`` is then its class's leaf."""
-        if request_id in self._in_flight or request_id in self._queued_ids:
+        if request_id in self.state.in_flight or request_id in self.state.queued_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
@@ -123,32 +123,30 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         if config.max_queued_per_tenant is not None and self._queued_of(t) >= config.max_queued_per_tenant:
             t.rejected += 1
             return REJECT_TENANT_QUEUE_FULL
-        if config.max_queued is not None and len(self._queued_ids) >= config.max_queued:
+        if config.max_queued is not None and len(self.state.queued_ids) >= config.max_queued:
             t.rejected += 1
             return REJECT_QUEUE_FULL
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
         need = admission_need(prompt_tokens)
-        req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self._next_seq, need, true_output)
+        req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self.state.next_seq, need, true_output)
         if prefix and block_tokens > 0:
             req.prefix, req.block_tokens = tuple(prefix), block_tokens
-        self._next_seq += 1
-        if prompt_tokens > self.longest_prompt:
-            self.longest_prompt = prompt_tokens
-        if max_tokens > self.longest_output:
-            self.longest_output = max_tokens
+        self.state.next_seq += 1
+        self.state.longest_prompt = max(self.state.longest_prompt, prompt_tokens)
+        self.state.longest_output = max(self.state.longest_output, max_tokens)
         if not t.queue:
-            lift = tenant not in self._resumed  # it was waiting when the dispatcher stopped: never idle
-            self._resumed.discard(tenant)
+            lift = tenant not in self.state.resumed  # it was waiting when the dispatcher stopped: never idle
+            self.state.resumed.discard(tenant)
             t.queue.append(req)
             self.tree.join(t, lift)
         else:
             t.queue.append(req)
         t.queued_tokens += prompt_tokens + max_tokens
-        self._queued_ids[request_id] = tenant
+        self.state.queued_ids[request_id] = tenant
         if config.max_queue_s is not None:
-            heapq.heappush(self._arrivals, (now, req.seq, request_id))
+            heapq.heappush(self.state.arrivals, (now, req.seq, request_id))
         return None
 
     def assign(self, now: float) -> list[Assignment]:
@@ -201,7 +199,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
         many of them the engine found in its prefix cache) and tokens generated."""
-        in_flight = self._in_flight
+        in_flight = self.state.in_flight
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
@@ -237,12 +235,12 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
         """A request ended on its worker: settle its charges and free its reservation."""
-        req = self._in_flight.get(request_id)
+        req = self.state.in_flight.get(request_id)
         if req is None:
             return None
         if output_tokens > req.output_tokens:
             self.on_report(req.worker or "", {request_id: output_tokens - req.output_tokens})
-        del self._in_flight[request_id]
+        del self.state.in_flight[request_id]
         t = self.tenants[req.tenant]
         before = self._key_if_waiting(t)
         if not req.started and req.output_tokens == 0:
@@ -271,7 +269,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         if limit is None:
             return []
         expired: list[str] = []
-        arrivals = self._arrivals
+        arrivals = self.state.arrivals
         while arrivals and arrivals[0][0] <= now - limit:
             _, seq, request_id = heapq.heappop(arrivals)
             if self._withdraw(request_id, seq):  # the same submission, not a later one with its id
@@ -318,7 +316,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
 
     def _withdraw(self, request_id: str, seq: int | None) -> bool:
         """Remove a waiting request by id (and, when given, only the submission numbered ``seq``)."""
-        tenant = self._queued_ids.get(request_id)
+        tenant = self.state.queued_ids.get(request_id)
         if tenant is None:
             return False
         t = self.tenants[tenant]
@@ -335,7 +333,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         else:
             t.queue.remove(req)
         t.queued_tokens -= req.prompt_tokens + req.max_tokens
-        self._queued_ids.pop(req.id, None)
+        self.state.queued_ids.pop(req.id, None)
 
     def _take(self, t: Tenant, req: Request) -> None:
         """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order). Its
@@ -376,7 +374,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         slot.pending_tokens += req.need
         slot.in_flight += 1
         t.in_flight += 1
-        self._in_flight[req.id] = req
+        self.state.in_flight[req.id] = req
         if at_top:
             if t.queue:
                 self.tree.parent_of(t).waiting.replace_top(t.name, self._key(t.name))  # type: ignore[union-attr]

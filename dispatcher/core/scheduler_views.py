@@ -5,15 +5,14 @@ against, the autoscaler's demand, stats for the live page, and snapshots. A part
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
 from dispatcher.core.fairness import engine_queue_slack, unit_u
 from dispatcher.core.model import Request, admission_need
 
-if TYPE_CHECKING:
-    from dispatcher.core.scheduler import FairScheduler
+S = TypeVar("S")
 
 
 class SchedulerViews:
@@ -36,16 +35,16 @@ class SchedulerViews:
 
     def was_lost(self, request_id: str) -> bool:
         """Whether the request had started on a worker that left (it must not run a second time)."""
-        return request_id in self._settled
+        return request_id in self.state.settled
 
     def is_queued(self, request_id: str) -> bool:
-        return request_id in self._queued_ids
+        return request_id in self.state.queued_ids
 
     def queue_depth(self) -> int:
-        return len(self._queued_ids)
+        return len(self.state.queued_ids)
 
     def in_flight(self) -> dict[str, Request]:
-        return self._in_flight
+        return self.state.in_flight
 
     def take_dropped(self) -> list[tuple[Request, str]]:
         """Requests removed from the queues because they can never fit (e.g. the big workers left)."""
@@ -91,9 +90,9 @@ class SchedulerViews:
         active = [w for w in slots if not w.draining]
         limits = [w.max_running for w in active if w.max_running]
         return Demand(
-            queued_requests=len(self._queued_ids),
+            queued_requests=len(self.state.queued_ids),
             queued_tokens=sum(t.queued_tokens for t in self.tenants.values() if t.queue),
-            running_requests=len(self._in_flight),
+            running_requests=len(self.state.in_flight),
             committed_tokens=sum(max(0, w.kv_tokens - w.free_tokens) + w.pending_tokens for w in slots),
             workers=len(active),
             pool_tokens=sum(w.kv_tokens for w in active) // len(active) if active else 0,
@@ -132,7 +131,7 @@ class SchedulerViews:
                 for n in self.tree.nodes.values()
             },
             "queue_depth": self.queue_depth(),
-            "in_flight": len(self._in_flight),
+            "in_flight": len(self.state.in_flight),
             "workers": self.workers.snapshot(),
         }
 
@@ -143,8 +142,11 @@ class SchedulerViews:
         return snapshots.snapshot(self)
 
     @classmethod
-    def from_snapshot(cls, data: Mapping[str, Any]) -> FairScheduler:
-        return snapshots.from_snapshot(data)
+    def from_snapshot(cls: type[S], data: Mapping[str, Any]) -> S:
+        """A scheduler that continues exactly where ``snapshot`` was taken."""
+        s = cls(snapshots.check_snapshot(data))  # type: ignore[call-arg]
+        snapshots.restore_snapshot(s, data)  # type: ignore[arg-type]
+        return s
 
     def durable_state(self) -> dict[str, Any]:
         """What a restarted dispatcher needs to continue fairly (``dispatcher.core.snapshots``)."""
@@ -157,6 +159,6 @@ class SchedulerViews:
     def forget_settled(self) -> None:
         """Drop what was kept for re-announcements and re-submissions after a restart (once every
         worker and caller has had time to come back)."""
-        self._settled.clear()
-        self._resumed.clear()
+        self.state.settled.clear()
+        self.state.resumed.clear()
         self.tree.resumed.clear()

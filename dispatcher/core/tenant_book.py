@@ -1,5 +1,5 @@
 """The scheduler's tenants: registering and weighting them, the tree nodes above them, and the leaves
-their request classes queue in (DESIGN §2b). A part of ``FairScheduler``, kept apart because it
+their request classes queue in (docs/architecture.md). A part of ``FairScheduler``, kept apart because it
 changes who is compared with whom, never what is charged."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from dispatcher.core.classes import leaf_name
 from dispatcher.core.model import Tenant
 from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TreeError, TreeNode
+from dispatcher.core.weights import weight_problem
 
 
 class TenantBook:
@@ -16,8 +17,8 @@ class TenantBook:
         """Register a tenant (or change its weight, and with ``parent`` move it under that tree node;
         None: where it is, the root for a new one); takes effect on the next dispatch. A tenant with
         request classes is weighted (and moved) as its own node."""
-        if not weight > 0:
-            raise ValueError(f"tenant {name!r}: weight must be positive, got {weight}")
+        if problem := weight_problem(weight):
+            raise ValueError(f"tenant {name!r}: {problem}")
         if parent and not self.policy.tree:
             raise ValueError(f"a tenant tree needs a policy that orders by counters, not {self.policy.name!r}")
         tenant = self.tenants.get(name)
@@ -81,7 +82,7 @@ class TenantBook:
             return own
         spec = self.classes.get(self.default_class)
         own = self.tree.split(t, spec.weight if spec is not None else 1.0)
-        for req in self._in_flight.values():  # the node took over their charges: their refunds go there too
+        for req in self.state.in_flight.values():  # the node took over their charges: their refunds go there too
             if req.tenant == t.name:
                 req.path = ((own.name, req.weight), *req.path)
         return own

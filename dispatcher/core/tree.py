@@ -1,4 +1,4 @@
-"""The tenant tree (DESIGN §2b, hierarchy): organisations, teams and keys, each weighted, none starving.
+"""The tenant tree (docs/architecture.md: tree): organisations, teams and keys, each weighted, none starving.
 
 Tenants (the queues) are the leaves; internal nodes group them. Every node has a counter of the
 weighted service of its subtree (each charge of a leaf is charged to every node above it, divided by
@@ -27,6 +27,7 @@ from typing import Any
 
 from dispatcher.core.model import Tenant
 from dispatcher.core.waiting import WaitingSet
+from dispatcher.core.weights import weight_problem
 
 ROOT = ""  # the fair tree's root
 STRICT = "~strict"  # the strict band's root (no tenant or node name can contain "~")
@@ -115,8 +116,8 @@ class TenantTree:
 
     def set_node(self, name: str, parent: str | None, weight: float | None, implicit: bool = False) -> TreeNode:
         """Create a node, or move and reweight one (None: keep). Takes effect at the next decision."""
-        if weight is not None and not (weight > 0):
-            raise TreeError(f"node {name!r}: weight must be positive, got {weight}")
+        if weight is not None and (problem := weight_problem(weight)):
+            raise TreeError(f"node {name!r}: {problem}")
         node = self.nodes.get(name)
         if node is None:
             if not name or CLASS_SEP in name:
@@ -388,8 +389,8 @@ def check_tree(nodes: Mapping[str, tuple[str, float]], tenants: Iterable[tuple[s
     for name, parent, weight in tenants:
         if name in scratch.nodes:
             raise TreeError(f"{name!r} is a tree node; a tenant needs a name of its own")
-        if not weight > 0:
-            raise TreeError(f"tenant {name!r}: weight must be positive, got {weight}")
+        if problem := weight_problem(weight):
+            raise TreeError(f"tenant {name!r}: {problem}")
         if parent and parent not in scratch.nodes:
             raise TreeError(f"tenant {name!r}: no tree node {parent!r}")
         known[name] = Tenant(name, weight)

@@ -1,6 +1,6 @@
 """The dispatcher's view of worker capacity, and where a request should go.
 
-Admission follows each engine's own rule (DESIGN §2, v3): a request may go to a worker when that
+Admission follows each engine's own rule (docs/architecture.md: admission): a request may go to a worker when that
 engine would admit it now, i.e. its prompt fits the KV the engine reported free at its last step,
 above the engine's watermark, less what was assigned there since and has not started (``pending``);
 nothing is reserved for output, which the engine's preemption covers, as it does for the engine alone.

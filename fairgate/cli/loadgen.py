@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.plots import plot_workload
     from loadgen.replay import ReplayConfig, replay
     from loadgen.report import comparison_table, write_report
-    from loadgen.workloads import WorkloadError, load_workloads
+    from loadgen.workload import WorkloadError
+    from loadgen.workload_spec import load_workloads
 
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)

@@ -15,7 +15,7 @@ from dispatcher.core import make_policy, policy_usages
 from fairgate.cli.parsing import UsageError
 
 if TYPE_CHECKING:
-    from common.config import GatewayConfig
+    from gateway.config_schema import GatewayConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.front_door:
         os.environ[FRONT_DOOR_ENV] = args.front_door
     ray_environment()  # before anything imports Ray: it reads these at import time
-    from common.config import ConfigError
+    from common.sections import ConfigError
 
     if not 1 <= args.port <= 65535:
         raise UsageError("--port must be between 1 and 65535")
@@ -71,8 +71,9 @@ class ServeOverrides:
 
 
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
-    from common.config import ADMIN, secret_from_env
+    from common.sections import secret_from_env
     from gateway.config import load_config
+    from gateway.config_schema import ADMIN
 
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
@@ -109,7 +110,7 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
 
 
 def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
-    from common.config import ConfigError
+    from common.sections import ConfigError
     from gateway.config import with_engine
     from workers.engines import engine_for, engine_names
 

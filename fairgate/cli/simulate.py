@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.plots import plot_workload
     from loadgen.report import comparison_table, write_report
     from loadgen.simulator import SimulationConfig, simulate
-    from loadgen.workloads import WorkloadError, load_workloads
+    from loadgen.workload import WorkloadError
+    from loadgen.workload_spec import load_workloads
     from workers.engines.simulated import StepTimeModel
 
     policies = check_policies(args.policy or ["vtc", "fcfs"])

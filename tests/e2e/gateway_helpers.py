@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve import api as serve_api
 
-from common.config import GatewayConfig
 from common.loopback import front_door
 from dispatcher.actor import dispatcher_name
 from gateway.app import build_app, wait_until_routed
 from gateway.config import parse_config
+from gateway.config_schema import GatewayConfig
 from tests.conftest import free_port
 
 

@@ -24,7 +24,7 @@ MAX_TOKENS = 30
 
 
 def two_u(pool_tokens: int) -> float:
-    """DESIGN: U = max(w_p x longest prompt, w_q x KV pool), with w_p = 1, w_q = 2."""
+    """docs/architecture.md: U = max(w_p x longest prompt, w_q x KV pool), with w_p = 1, w_q = 2."""
     return 2 * max(40, 2 * pool_tokens)
 
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 PROMPT = "word " * 60
 MAX_TOKENS = 40
 KV_PER_WORKER = 4000
-U = max(60, 2 * 2 * KV_PER_WORKER)  # DESIGN: max(w_p x longest prompt, w_q x KV pool of both workers)
+U = max(60, 2 * 2 * KV_PER_WORKER)  # docs/architecture.md: max(w_p x longest prompt, w_q x KV pool of both workers)
 SNAPSHOT_S = 0.5
 MAX_RUNNING = 4
 

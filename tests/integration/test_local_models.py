@@ -42,7 +42,7 @@ def test_every_shape_has_a_context_limit_and_unknown_ones_are_refused(tmp_path):
 
 
 def test_config_takes_a_vllm_section_and_names_bad_fields():
-    from common.config import ConfigError
+    from common.sections import ConfigError
     from gateway.config import parse_config
     from ingress.prompting import context_limit
 

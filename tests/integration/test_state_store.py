@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from common.config import ConfigError
+from common.sections import ConfigError
 from dispatcher.core import FairScheduler, SchedulerConfig
 from dispatcher.state_store import MemoryStore, RedisStore, open_store
 from gateway.config import parse_config

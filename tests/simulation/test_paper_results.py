@@ -6,7 +6,8 @@ import pytest
 
 from dispatcher.core import LinearCost, engine_queue_slack
 from loadgen.simulator import SimulationConfig, simulate
-from loadgen.workloads import PRESETS, Phase, TenantSpec, generate, load_workloads
+from loadgen.workload_spec import load_workloads
+from loadgen.workloads import PRESETS, Phase, TenantSpec, generate
 
 SAME_LENGTH = {"overload", "proportional", "on_off_less", "on_off_overload", "increase", "dist_shift"}
 

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workloads import TraceRequest, Workload
+from loadgen.workload import TraceRequest, Workload
 
 POOL = 1200
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError
+from common.sections import ConfigError
 from dispatcher.core import Demand, FairScheduler, ReplicaCapacity, SchedulerConfig, desired_replicas
 from gateway.config import parse_config
 from workers.autoscaling import DispatcherDemandPolicy

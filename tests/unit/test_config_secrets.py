@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ADMIN, ConfigError, hash_key, secret_from_env
+from common.sections import ConfigError, hash_key, secret_from_env
 from gateway.config import parse_config
+from gateway.config_schema import ADMIN
 
 TENANTS = {"tenants": [{"name": "a", "api_key": "tenant-key-0123456789"}]}
 

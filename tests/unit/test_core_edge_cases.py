@@ -184,7 +184,7 @@ def test_requests_that_ended_while_a_workers_stream_was_down_are_settled_once():
 
 
 def test_the_admission_settings_of_a_config_are_checked_and_reservations_are_refused_by_name():
-    from common.config import ConfigError
+    from common.sections import ConfigError
     from gateway.config import parse_config
 
     base = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig, two_u
 from loadgen.simulator import Simulation
-from loadgen.workloads import Workload
+from loadgen.workload import Workload
 from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, run, workload_of
 
 
@@ -52,7 +52,8 @@ ops_strategy = st.lists(
 
 @given(ops_strategy)
 def test_lift_rule_on_every_rejoin(ops):
-    """Replays random events and checks each re-join against DESIGN §1's rule, computed independently."""
+    """Replays random events and checks each re-join against the contract's lift rule
+    (docs/architecture.md), computed independently."""
     s = FairScheduler(SchedulerConfig(policy="vtc"))
     s.worker_join("w", kv_tokens=200)
     last_left: str | None = None

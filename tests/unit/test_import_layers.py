@@ -1,9 +1,9 @@
-"""The layout rule (DESIGN §3): every package stands above what it uses, and no import runs back up.
+"""The layout rule (docs/architecture.md: layers): every package stands above what it uses, and no import runs back up.
 
 The order, lowest first (a module may import from its own layer and the layers below it):
 
 1. ``dispatcher.core``: the pure core. Only the standard library and itself.
-2. ``common``: the shared floor (wire stubs, tickets, tracing, loopback, configuration schema).
+2. ``common``: the shared floor (wire stubs, tickets, tracing, loopback, settings sections, tenant schema).
 3. ``dispatcher``: the control plane's shells (service, actor, state, registry, metrics).
 4. ``workers``: the engine plug-ins, the worker shell and its deployment.
 5. ``ingress``: the HTTP front.
@@ -11,8 +11,10 @@ The order, lowest first (a module may import from its own layer and the layers b
 7. ``loadgen``: workloads, the simulator, the replay, benches.
 8. ``fairgate``: the command line.
 
-Also: nothing under ``dispatcher/`` imports an engine (``workers.engines`` or an engine's libraries),
-and no code outside ``workers/`` branches on an engine's name.
+Also: no two files import each other, directly or in a ring (an import inside a function or under
+``TYPE_CHECKING`` counts: it only hides the ring); nothing under ``dispatcher/`` imports an engine
+(``workers.engines`` or an engine's libraries), and no code outside ``workers/`` branches on an
+engine's name.
 """
 
 from __future__ import annotations
@@ -69,6 +71,100 @@ def project_files() -> list[Path]:
     return sorted(p for top in {name.split(".")[0] for name in LAYERS} for p in (REPO / top).rglob("*.py"))
 
 
+def file_imports(source: str, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The project's files a file's source imports: ``from package import name`` is the module
+    ``package.name`` when that is a file, else the package's ``__init__`` (importing a submodule runs its
+    package's ``__init__`` first for everyone, so that edge is no one's choice and is left out)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            named = ".".join([*base, *([node.module] if node.module else [])])
+            submodules = {f"{named}.{alias.name}" for alias in node.names} & modules
+            targets |= submodules if len(submodules) == len(node.names) else submodules | {named}
+    found = set()
+    for target in targets:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != module:
+            found.add(target)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every ring of files that import each other (strongly connected parts of more than one file)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    rings: list[list[str]] = []
+
+    def visit(root: str) -> None:  # Tarjan's, with an explicit stack of (module, its remaining imports)
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, rest = work[-1]
+            child = next(rest, None)
+            if child is not None:
+                if child not in order:
+                    order[child] = low[child] = len(order)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                ring = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    ring.append(member)
+                    if member == node:
+                        break
+                if len(ring) > 1:
+                    rings.append(sorted(ring))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return rings
+
+
+def project_graph(overrides: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, from the sources (``overrides``: module -> source
+    used instead of its file's, for the test of the test)."""
+    files = {module_name(p): p for p in project_files()}
+    modules = set(files)
+    sources = {m: p.read_text() for m, p in files.items()} | (overrides or {})
+    return {m: file_imports(src, m, files[m].name == "__init__.py", modules) for m, src in sources.items()}
+
+
+def test_no_files_import_each_other():
+    rings = import_cycles(project_graph())
+    assert not rings, "files that import each other: " + "; ".join(" <-> ".join(r) for r in rings)
+
+
+def test_the_cycle_check_has_teeth():
+    """A ring planted back (the engine interface importing the server that looks engines up, deferred
+    as it once was) and an upward import (the core importing its shell) are both found."""
+    interface = REPO / "workers" / "engines" / "interface.py"
+    planted = interface.read_text() + "\n\ndef _late():\n    from workers.engine_server import engine_app\n"
+    rings = import_cycles(project_graph({"workers.engines.interface": planted}))
+    assert ["workers.engine_server", "workers.engines", "workers.engines.interface"] in rings
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    upward = imports_in("def f():\n    from dispatcher.service import DispatcherService\n", ["dispatcher", "core"])
+    assert any(layer_of(m) > layer_of("dispatcher.core.scheduler") for _, m in upward)
+
+
 def test_every_module_belongs_to_a_layer():
     files = project_files()
     assert len(files) > 50
@@ -117,5 +213,5 @@ def test_the_check_has_teeth():
     source = "import ray\ndef f():\n    from ingress.deployment import Ingress\nfrom ..core import model\n"
     found = sorted(module for _, module in imports_in(source, ["dispatcher", "service"]))
     assert found == ["dispatcher.core", "ingress.deployment", "ray"]
-    assert layer_of("ingress.deployment") > layer_of("dispatcher.service") > layer_of("common.config")
+    assert layer_of("ingress.deployment") > layer_of("dispatcher.service") > layer_of("common.sections")
     assert layer_of("dispatcher.core.scheduler") == 0 and layer_of("ray") is None

@@ -1,4 +1,4 @@
-"""Cache-aware dispatch in the pure core and the engine model (DESIGN §2b): the prefix index, the
+"""Cache-aware dispatch in the pure core and the engine model (docs/architecture.md): the prefix index, the
 engine's prefix cache, cached tokens charged at w_c and corrected by the engine's count, placement by
 cached prefix, and the locality slack."""
 

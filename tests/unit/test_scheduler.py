@@ -1,4 +1,4 @@
-"""Unit tests of the pure scheduler's rules (DESIGN §1), event by event."""
+"""Unit tests of the pure scheduler's rules (docs/architecture.md), event by event."""
 
 from __future__ import annotations
 

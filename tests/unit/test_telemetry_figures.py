@@ -198,7 +198,7 @@ BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin
 
 
 def test_telemetry_section_defaults_and_refusals(monkeypatch):
-    from common.config import ConfigError
+    from common.sections import ConfigError
     from gateway.config import parse_config
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)

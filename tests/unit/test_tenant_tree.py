@@ -1,4 +1,4 @@
-"""The tenant tree and request classes in the core (DESIGN §2b): per-level shares, lifts, moves,
+"""The tenant tree and request classes in the core (docs/architecture.md): per-level shares, lifts, moves,
 snapshots, durable state, and the changes it refuses."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from dispatcher.core import FairScheduler, SchedulerConfig
 from dispatcher.core.classes import RequestClass
 from dispatcher.core.tree import TreeError
-from loadgen.workloads import WorkloadError, workload_from_spec
+from loadgen.workload import WorkloadError
+from loadgen.workload_spec import workload_from_spec
 from tests.unit.schedulers import make
 
 CLASSES = (RequestClass("interactive", 3.0, ttft_s=2.0), RequestClass("batch", 1.0), RequestClass("ops", strict=True))
@@ -300,7 +301,7 @@ def config_with(**changes):
 
 
 def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong():
-    from common.config import ConfigError
+    from common.sections import ConfigError
     from gateway.config import parse_config
 
     config, _ = parse_config(config_with())

@@ -8,7 +8,9 @@ from collections import Counter
 import pytest
 
 from loadgen.trace import load_trace_csv, synthesize_arena_trace
-from loadgen.workloads import PRESETS, WorkloadError, dist_shift, load_workloads, overload
+from loadgen.workload import WorkloadError
+from loadgen.workload_spec import load_workloads
+from loadgen.workloads import PRESETS, dist_shift, overload
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,5 +1,5 @@
 """The engine contract: what a worker replica drives, what an engine reports each step, and the plug-in
-through which the rest of the gateway learns what it needs of an engine (DESIGN §2, "engines are
+through which the rest of the gateway learns what it needs of an engine (docs/architecture.md, "engines are
 plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks the plug-in.
 
 - ``EngineRunner``: one engine behind a worker replica. The worker shell (``workers.worker``) owns the
@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+from workers.engine_alone import engine_alone
 
 ASGIApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
@@ -193,6 +195,10 @@ class EnginePlugin:
         return None
 
     reference_name: ClassVar[str] = "engine layer alone"
+    # the pydantic model of its settings and where they sit under ``workers`` ("": beside the generic
+    # keys), for the configuration reference (docs/configuration.md)
+    settings_model: ClassVar[type | None] = None
+    settings_section: ClassVar[str] = ""
     # the title of the processes that run the model (None: it runs inside the worker), for benchmarks that
     # give them cores of their own as a GPU host's device is its own (``loadgen.cpu_split``)
     compute_process_title: ClassVar[str | None] = None
@@ -203,8 +209,6 @@ class EnginePlugin:
         """The engine served alone on 127.0.0.1:``port``, as users run it without fairgate: what
         fairgate's answers and speed are compared with. A context manager yielding its ``.../v1`` URL;
         by default this engine's own OpenAI layer under uvicorn (``workers.engine_server``)."""
-        from workers.engine_server import engine_alone
-
         return engine_alone(self.name, settings, served_model, port, log)
 
     def benchmark_settings(self, options: Mapping[str, Any]) -> tuple[Settings, str]:

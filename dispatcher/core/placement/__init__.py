@@ -1,6 +1,6 @@
 """Placement rules as plug-ins: which worker a request that fits several should start on.
 
-Placement is separate from fairness (DESIGN §2): the policy picks *which request* goes next, the
+Placement is separate from fairness (docs/architecture.md): the policy picks *which request* goes next, the
 placement rule picks *where*, among the workers that can start it now. One module per rule in this
 package, a ``PlacementRule`` subclass decorated with ``@register``; ``make_placement(name)`` builds one,
 and every registered rule runs through the conformance suite.

@@ -1,6 +1,6 @@
 """The interface every fairness policy implements, and the registry of policies by name.
 
-A policy answers five questions for the scheduler (DESIGN §2, "policies are plug-ins"):
+A policy answers five questions for the scheduler (docs/architecture.md):
 
 - **order between tenants**: ``key_function`` gives each waiting tenant a key from its record (its
   counter, weight, requests in flight or finished, its oldest request); the smallest is served next.
@@ -20,7 +20,7 @@ A policy answers five questions for the scheduler (DESIGN §2, "policies are plu
 
 Each policy states its guarantee in its docstring and in ``bound``: the largest difference of
 weight-normalised service between two tenants backlogged over the same interval, in units where the
-smaller weight is 1 (DESIGN §1: ``|W_f/w_f - W_g/w_g| <= bound / min(w_f, w_g)``), or None when it
+smaller weight is 1 (docs/architecture.md: ``|W_f/w_f - W_g/w_g| <= bound / min(w_f, w_g)``), or None when it
 promises none. ``work_conserving`` says whether it never refuses or holds back a request while a
 worker could start it. The conformance suite checks both on random workloads.
 """
@@ -45,7 +45,7 @@ class FairnessPolicy:
     examples: ClassVar[tuple[str, ...]] = ()  # specs that build it (the conformance suite runs each)
     work_conserving: ClassVar[bool] = True
     tree: ClassVar[bool] = False  # orders by counters, so tree nodes and request classes can be ordered alike
-    locality_slack: float = 0.0  # DESIGN §2b: may serve a tenant this far above the least-served one
+    locality_slack: float = 0.0  # docs/architecture.md: may serve a tenant this far above the least-served one
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed

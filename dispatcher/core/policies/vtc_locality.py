@@ -10,7 +10,7 @@ DEFAULT_SLACK = 2_000.0
 
 @register
 class LocalityVTC(VirtualTokenCounter):
-    """VTC's counters, lift and charges, with the locality slack Δ of DESIGN §2b: the scheduler may
+    """VTC's counters, lift and charges, with the locality slack Δ of docs/architecture.md: the scheduler may
     serve, instead of the least-served waiting tenant, a waiting tenant whose counter is within Δ
     of it, when that tenant's next request finds a longer cached prefix on a worker that can start
     it now (and at most ``relaxed_scan`` tenants are looked at). Δ is in counter units (weighted

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.config import validate_section
+from common.sections import validate_section
 from workers.engines import register
 from workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
 from workers.engines.simulated.settings import SimulatedSettings
@@ -14,6 +14,7 @@ from workers.engines.simulated.settings import SimulatedSettings
 @register
 class SimulatedPlugin(EnginePlugin):
     name = "simulated"
+    settings_model = SimulatedSettings
 
     def settings(self, raw: Mapping[str, Any]) -> Settings:
         return validate_section(SimulatedSettings, dict(raw), "workers").model_dump()

@@ -16,15 +16,23 @@ STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h200-llama3-8b": St
 
 
 class SimulatedSettings(BaseModel):
+    """The simulated engine: continuous batching over a KV pool, with a prefix cache and step times
+    from a profile."""
+
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
-    kv_tokens: int = Field(10_000, ge=1)
-    block_size: int = Field(16, ge=1)
-    max_running: int | None = Field(None, ge=1)
-    prefix_caching: bool = True
-    preempt_by: Literal["newest", "priority"] = "priority"
-    watermark: float = Field(0.0, ge=0.0, lt=1.0)
-    step_model: dict[str, float] = Field(default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict())
+    kv_tokens: int = Field(10_000, ge=1, description="the KV pool, in tokens")
+    block_size: int = Field(16, ge=1, description="tokens per KV block")
+    max_running: int | None = Field(None, ge=1, description="batch limit (none: the pool decides)")
+    prefix_caching: bool = Field(True, description="whether it keeps and reuses cached prompt blocks")
+    preempt_by: Literal["newest", "priority"] = Field(
+        "priority", description="preemption victims: the dispatcher's ranks, or the newest (vLLM's default)"
+    )
+    watermark: float = Field(0.0, ge=0.0, lt=1.0, description="share of the pool kept free when admitting")
+    step_model: dict[str, float] = Field(
+        default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict(),
+        description="a10g-llama7b, h200-llama3-8b or the step-time coefficients",
+    )
 
     @field_validator("step_model", mode="before")
     @classmethod

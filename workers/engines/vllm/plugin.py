@@ -58,6 +58,8 @@ class VllmPlugin(EnginePlugin):
         return VllmSettings.from_dict(settings["vllm"]).model
 
     reference_name = "vLLM's own server"
+    settings_model = VllmSettings
+    settings_section = "vllm"
     compute_process_title = "VLLM::Worker"  # the executor's model process (the CPU platform always starts one)
 
     def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):

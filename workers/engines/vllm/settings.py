@@ -14,34 +14,36 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.config import validate_section
+from common.sections import validate_section
 from workers.engines.vllm.local_models import SHAPES, ensure_model
 
 CPU_DEFAULT_KV_TOKENS = 8192
 
 
 class VllmSettings(BaseModel):
-    """The ``workers.vllm`` section."""
+    """The ``workers.vllm`` section: the engine each vLLM worker replica runs, and its OpenAI layer.
+    ``cpu_threads`` only matters on CPU, where the engine shares the cores with its API layer, the
+    gateway and everything else (unpinned runs steadier there)."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, protected_namespaces=())
 
-    model: str = "tiny"
-    load_format: str | None = None  # None: "dummy" for the project's own shapes, vLLM's default otherwise
-    dtype: str = "auto"
-    max_model_len: int | None = Field(None, ge=1)
-    kv_tokens: int | None = Field(None, ge=1)
-    block_size: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    enforce_eager: bool | None = None  # None: eager on CPU (no compiler there), compiled on GPU
-    # threads of the engine's CPU kernels (OMP_NUM_THREADS), not pinned to cores; None: the process's
-    # (Ray gives a worker replica 1) and vLLM's pinning. Only matters on CPU, where the engine shares the
-    # cores with its API layer, the gateway and everything else (unpinned runs steadier there).
-    cpu_threads: int | None = Field(None, ge=1)
-    extra_args: dict[str, Any] = Field(default_factory=dict)  # anything else, passed to AsyncEngineArgs
-    # vLLM's own OpenAI layer, as on `vllm serve`'s command line: e.g. ["--enable-auto-tool-choice",
-    # "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
-    serve_args: list[str] = Field(default_factory=list)
+    model: str = Field("tiny", description="tiny, llama3-8b (dummy weights, built here), a directory or an HF id")
+    load_format: str | None = Field(None, description="none: dummy for the project's own shapes, else vLLM's")
+    dtype: str = Field("auto", description="vLLM's dtype")
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output (none: the model's)")
+    kv_tokens: int | None = Field(None, ge=1, description="the KV pool exactly (none: from GPU memory)")
+    block_size: int | None = Field(None, ge=1, description="KV block size (none: vLLM's)")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's batch limit")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="share of GPU memory vLLM may take")
+    enforce_eager: bool | None = Field(None, description="none: eager on CPU, compiled on GPU")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="CPU kernel threads, unpinned (none: the process's, Ray gives 1, and vLLM's pinning)"
+    )
+    extra_args: dict[str, Any] = Field(default_factory=dict, description="anything else, passed to AsyncEngineArgs")
+    serve_args: list[str] = Field(
+        default_factory=list,
+        description="vLLM's OpenAI layer as on `vllm serve`'s command line, e.g. --enable-auto-tool-choice",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

@@ -7,19 +7,27 @@ Every process reads its own section of the same validated configuration (it trav
 plain data, ``GatewayConfig.plain``). The workers' engine-specific settings are kept as given
 (``workers.settings``): each engine plug-in validates its own (``gateway.config`` does it at load
 time), so nothing here knows any engine. Errors name the field and the value: ``ConfigError``.
+The reference page of every key (``docs/configuration.md``) is generated from these models.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from common.sections import (
+    ConfigError,
+    OpenSection,
+    Section,
+    hash_key,
+    read_yaml,
+    secret_from_env,
+    validate_section,
+)
+from common.tenant_schema import ClassConfig, NodeConfig, TenantConfig, TenantEntry
 from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
 from dispatcher.core.classes import RequestClass
 from dispatcher.core.tree import TreeError, check_tree
@@ -27,68 +35,71 @@ from dispatcher.core.tree import TreeError, check_tree
 ADMIN = "(admin)"  # where validate reports a generated admin key
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the field."""
-
-
-class _Section(BaseModel):
-    """A section whose unknown keys are refused; numbers are numbers (no bools, no strings)."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class _OpenSection(_Section):
-    """A section that ignores keys it does not know (as it always has)."""
-
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-
-
-class TenantConfig(_Section):
-    name: str
-    key_hash: str
-    weight: float = 1.0
-    cache_group: str = ""  # tenants of one group share cached prefixes ("": the tenant's own, apart)
-    parent: str = ""  # its node in the tenant tree ("": the root)
-    classes: tuple[str, ...] = ()  # request classes it may use (none listed: every class not strict)
-
-
-class NodeConfig(_Section):
-    """A node of the tenant tree (an organisation, a team): tenants and nodes under it share its weight."""
-
-    name: str = Field(min_length=1, max_length=64)
-    parent: str = ""
-    weight: float = Field(1.0, gt=0, le=1e6)
-
-
-class ClassConfig(_Section):
-    """A request class (DESIGN §2b), chosen by the client with OpenAI's ``service_tier`` (``tier``, by
-    default the class's name, e.g. ``flex`` for batch); ``strict``: served before every other class
-    (operators); ``ttft_s``: its first-token objective (within the class, earliest deadline first)."""
-
-    name: str = Field(min_length=1, max_length=32)
-    weight: float = Field(1.0, gt=0, le=1e6)
-    tier: str = ""
-    strict: bool = False
-    ttft_s: float | None = Field(None, gt=0)
-
-
-class LimitsSettings(_Section):
+class LimitsSettings(Section):
     """Caps on requests waiting in the dispatcher (None: no cap)."""
 
-    max_queued_per_tenant: int | None = Field(None, ge=1)
-    max_queued: int | None = Field(None, ge=1)
-    max_queue_s: float | None = Field(None, gt=0)
+    max_queued_per_tenant: int | None = Field(None, ge=1, description="requests one tenant may have waiting")
+    max_queued: int | None = Field(None, ge=1, description="requests all tenants together may have waiting")
+    max_queue_s: float | None = Field(None, gt=0, description="a request still waiting this long is withdrawn")
 
 
-class AutoscalingSettings(_Section):
+class CostSettings(Section):
+    """The cost of a request's tokens, what fairness counts: ``linear`` (``w_p`` per prompt token,
+    ``w_q`` per output token, ``w_c`` per prompt token found in the engine's prefix cache; None: a tenth
+    of ``w_p``) or ``profiled`` (five coefficients of the fitted engine time h(x, y) = a·x + b·y + c·x·y +
+    d·y² + e, None: the paper's fit; ``cached_fraction`` of a cached prompt token's per-token term)."""
+
+    kind: Literal["linear", "profiled"] = Field("linear", description="the cost function's form")
+    w_p: float = Field(1.0, ge=0, description="linear: cost of a prompt token")
+    w_q: float = Field(2.0, ge=0, description="linear: cost of an output token")
+    w_c: float | None = Field(None, ge=0, description="linear: cost of a cached prompt token (none: w_p / 10)")
+    coeffs: list[float] | None = Field(
+        None, min_length=5, max_length=5, description="profiled: a, b, c, d, e of h (none: the paper's fit)"
+    )
+    cached_fraction: float | None = Field(
+        None, ge=0, le=1, description="profiled: share of its per-token term a cached prompt token costs"
+    )
+
+
+_SCHEDULER_DEFAULTS = SchedulerConfig()  # one default per setting: the core's
+
+
+class SchedulerSettings(Section):
+    """How the dispatcher orders and places requests (top-level keys of the configuration).
+    ``policy``: the fairness policy's spec (``vtc``, ``vtc-locality:2000``, ``fcfs``, ``rpm:60``, ...);
+    ``placement``: ``most-room`` or ``prefix-affinity``; ``strict_head_of_line``: when the next request
+    fits no worker, wait for it (true) or let up to 16 others' requests go first; ``max_engine_waiting``:
+    requests that may wait inside one engine beyond its room (0: none); ``overcommit``: the pools'
+    worth of expected use the requests in flight on one worker may reach."""
+
+    policy: str = Field(
+        _SCHEDULER_DEFAULTS.policy, description="fairness policy: vtc, vtc-locality[:Δ], vtc-predict, fcfs, lcf, rpm:N"
+    )
+    placement: str = Field(_SCHEDULER_DEFAULTS.placement, description="which worker: most-room or prefix-affinity")
+    cost: CostSettings = Field(default_factory=CostSettings, description="what a token costs (section below)")
+    strict_head_of_line: bool = Field(
+        _SCHEDULER_DEFAULTS.strict_head_of_line, description="a next request that fits nowhere waits, no one passes it"
+    )
+    max_engine_waiting: int = Field(
+        _SCHEDULER_DEFAULTS.max_engine_waiting, ge=0, description="requests that may wait inside one engine (0: none)"
+    )
+    overcommit: float = Field(
+        _SCHEDULER_DEFAULTS.overcommit, ge=1, description="KV pools' worth of expected use in flight on one worker"
+    )
+    limits: LimitsSettings = Field(
+        default_factory=lambda: LimitsSettings(), description="caps on waiting requests (section below)"
+    )
+
+
+class AutoscalingSettings(Section):
     """Replicas follow the dispatcher's demand between ``min_replicas`` (0: scale to zero) and
     ``max_replicas``; a change must be wanted for ``upscale_delay_s`` / ``downscale_delay_s`` first."""
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(4, ge=1)
-    upscale_delay_s: float = Field(3.0, ge=0)
-    downscale_delay_s: float = Field(30.0, ge=0)
-    target_utilization: float = Field(0.8, gt=0, le=1)
+    min_replicas: int = Field(1, ge=0, description="fewest replicas (0: scale to zero)")
+    max_replicas: int = Field(4, ge=1, description="most replicas")
+    upscale_delay_s: float = Field(3.0, ge=0, description="how long more replicas must be wanted before one is added")
+    downscale_delay_s: float = Field(30.0, ge=0, description="how long fewer must be wanted before one drains")
+    target_utilization: float = Field(0.8, gt=0, le=1, description="share of the pool's KV the demand should fill")
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingSettings:
@@ -97,42 +108,46 @@ class AutoscalingSettings(_Section):
         return self
 
 
-class WorkerSettings(_Section):
+class WorkerSettings(Section):
     """The worker replicas. ``settings``: the engine's own settings (e.g. ``kv_tokens`` and
     ``step_model`` of the simulated engine, the ``vllm`` section), validated by the engine plug-in."""
 
-    count: int = Field(2, ge=0)
-    engine: str = "simulated"
-    num_gpus: float = Field(0.0, ge=0)  # GPUs per worker replica (1 for vLLM on a GPU machine)
-    num_cpus: float = Field(0.0, ge=0)  # CPUs per worker replica (k8s cpu-sim: 1, so replicas land on worker pods)
-    autoscaling: AutoscalingSettings | None = None  # None: a fixed ``count``
-    graceful_shutdown_s: float = Field(600.0, gt=0)  # a replica scaled down finishes what it runs within this
-    settings: dict[str, Any] = Field(default_factory=dict)
+    count: int = Field(2, ge=0, description="replicas, when not autoscaled")
+    engine: str = Field("simulated", description="the engine plug-in: simulated or vllm")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica (1 for vLLM on a GPU machine)")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs per replica (cpu-sim on Kubernetes: 1)")
+    autoscaling: AutoscalingSettings | None = Field(None, description="none: a fixed count (section below)")
+    graceful_shutdown_s: float = Field(
+        600.0, gt=0, description="a replica scaled down finishes what it runs within this"
+    )
+    settings: dict[str, Any] = Field(default_factory=dict, description="the engine's own keys, beside these")
 
 
-class ModelPool(_Section):
+class ModelPool(Section):
     """One model behind the endpoint: a pool of worker replicas (its engine, settings and autoscaling),
     fair within itself. ``tenants``: who may use it (None: every tenant)."""
 
-    name: str = Field(min_length=1)
-    workers: WorkerSettings
-    tenants: tuple[str, ...] | None = None
+    name: str = Field(min_length=1, description="the model name clients ask for")
+    workers: WorkerSettings = Field(description="its replicas (as the workers section)")
+    tenants: tuple[str, ...] | None = Field(None, description="tenants that may use it (none: every tenant)")
 
 
-class IngressSettings(_OpenSection):
-    replicas: int = Field(1, ge=1)
-    max_body_bytes: int = Field(1 << 20, ge=1)
-    default_max_tokens: int = Field(256, ge=1)
-    max_model_len: int = Field(4096, ge=2)
+class IngressSettings(OpenSection):
+    """The HTTP front's replicas and what it accepts."""
+
+    replicas: int = Field(1, ge=1, description="ingress replicas")
+    max_body_bytes: int = Field(1 << 20, ge=1, description="largest request body (413 above)")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens of a request that gives none")
+    max_model_len: int = Field(4096, ge=2, description="longest prompt + output when the engine does not say")
 
 
-class StateSettings(_Section):
+class StateSettings(Section):
     """Where durable state lives: in memory (None, the default) or Redis (``FAIRGATE_REDIS_URL`` wins)."""
 
-    redis_url: str | None = None
-    key_prefix: str = Field("fairgate", min_length=1)
-    snapshot_interval_s: float = Field(1.0, gt=0)
-    connect_timeout_s: float = Field(60.0, gt=0)
+    redis_url: str | None = Field(None, description="redis://, rediss:// or unix:// (none: in memory)")
+    key_prefix: str = Field("fairgate", min_length=1, description="prefix of every Redis key")
+    snapshot_interval_s: float = Field(1.0, gt=0, description="how often the dispatcher writes its state")
+    connect_timeout_s: float = Field(60.0, gt=0, description="how long to wait for Redis at start")
 
     @field_validator("redis_url")
     @classmethod
@@ -142,15 +157,15 @@ class StateSettings(_Section):
         return url or None
 
 
-class TelemetrySettings(_Section):
+class TelemetrySettings(Section):
     """Traces over OTLP when ``otlp_endpoint`` is set (or ``OTEL_EXPORTER_OTLP_ENDPOINT``); ``traces:
     memory`` keeps spans in each process (tests). Metrics: Prometheus at ``/metrics``, per-tenant series
     for the ``top_tenants`` most served tenants, the rest summed as ``other``."""
 
-    otlp_endpoint: str | None = None
-    traces: Literal["off", "memory"] = "off"
-    top_tenants: int = Field(20, ge=1)
-    trace_sample_ratio: float = Field(1.0, ge=0, le=1)  # share of requests traced (busy gateways: 0.01-0.1)
+    otlp_endpoint: str | None = Field(None, description="OTLP endpoint for traces and metrics")
+    traces: Literal["off", "memory"] = Field("off", description="memory: spans kept in each process (tests)")
+    top_tenants: int = Field(20, ge=1, description="tenants with series of their own on /metrics")
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced (busy: 0.01-0.1)")
 
     @field_validator("traces", mode="before")
     @classmethod
@@ -158,7 +173,7 @@ class TelemetrySettings(_Section):
         return "off" if value is False else value  # YAML reads a bare off as false
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     model: str  # the first model's name (a one-model gateway: the model)
     scheduler: dict[str, Any]  # SchedulerConfig.to_dict(): plain data, so it travels through Ray
     workers: WorkerSettings  # the first model's workers
@@ -248,37 +263,6 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         telemetry=telemetry,
     )
     return config, generated
-
-
-def read_yaml(path: str | Path, what: str = "config") -> Any:
-    """A YAML file's content; unreadable or malformed files raise ConfigError naming the file."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {path}: cannot parse YAML: {str(exc).splitlines()[0]}") from None
-
-
-def secret_from_env(name: str) -> str | None:
-    """A secret from the environment: ``NAME`` itself, or the file named by ``NAME_FILE`` (as mounted
-    from a Kubernetes Secret). None when neither is set."""
-    value = os.environ.get(name)
-    if value:
-        return value
-    path = os.environ.get(f"{name}_FILE")
-    if path:
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError as exc:
-            raise ConfigError(f"cannot read {name}_FILE {path}: {exc.strerror or exc}") from None
-    return None
-
-
-def hash_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -379,32 +363,22 @@ REMOVED_SETTINGS = ("reserve", "output_reserve_cap")  # admission by reservation
 
 
 def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any]:
-    policy = make_policy(str(raw.get("policy", "vtc"))).spec
-    placement = make_placement(str(raw.get("placement", "most-room"))).name
-    cost = cost_from_spec(raw.get("cost"))
-    limits = validate_section(LimitsSettings, raw.get("limits") or {}, "limits")
-    strict = raw.get("strict_head_of_line", True)
-    if not isinstance(strict, bool):
-        raise ValueError(f"strict_head_of_line must be true or false, got {strict!r}")
     for gone in REMOVED_SETTINGS:
         if gone in raw:
             raise ValueError(
                 f"{gone} is no longer a setting: requests are admitted by each engine's own rule "
                 "(room for the prompt now), and nothing is reserved for output"
             )
-    queue = raw.get("max_engine_waiting", 8)
-    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-        raise ValueError(f"max_engine_waiting must be a whole number >= 0, got {queue!r}")
-    overcommit = raw.get("overcommit", 2.0)
-    if isinstance(overcommit, bool) or not isinstance(overcommit, int | float) or not overcommit >= 1:
-        raise ValueError(f"overcommit must be a number >= 1, got {overcommit!r}")
+    own = {k: raw[k] for k in SchedulerSettings.model_fields if k in raw and raw[k] is not None}
+    settings = validate_section(SchedulerSettings, own, "")  # its keys are top-level ones
+    limits = settings.limits
     return SchedulerConfig(
-        max_engine_waiting=queue,
-        overcommit=float(overcommit),
-        policy=policy,
-        cost=cost,
-        placement=placement,
-        strict_head_of_line=strict,
+        max_engine_waiting=settings.max_engine_waiting,
+        overcommit=settings.overcommit,
+        policy=make_policy(settings.policy).spec,
+        cost=cost_from_spec(settings.cost.model_dump(exclude_none=True)),
+        placement=make_placement(settings.placement).name,
+        strict_head_of_line=settings.strict_head_of_line,
         max_queued_per_tenant=limits.max_queued_per_tenant,
         max_queued=limits.max_queued,
         max_queue_s=limits.max_queue_s,
@@ -414,34 +388,25 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
 
 def _tenants(raw: dict[str, Any], where: str, generated: dict[str, str]) -> list[TenantConfig]:
     tenants = []
-    for i, t in enumerate(_tenant_rows(raw, where)):
-        if not isinstance(t, dict) or not t.get("name"):
+    for i, row in enumerate(_tenant_rows(raw, where)):
+        if not isinstance(row, dict) or not row.get("name"):
             raise ConfigError(f"{where}: tenants[{i}] needs a name")
-        key = t.get("api_key")
+        given = {k: v for k, v in row.items() if v is not None} | {"name": str(row["name"])}
+        try:
+            t = validate_section(TenantEntry, given, f"tenants[{i}]")
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        key = t.api_key
         if key is None:
-            key = generated[str(t["name"])] = "fg-" + secrets.token_urlsafe(24)
-        elif not isinstance(key, str) or len(key) < 16:
-            raise ConfigError(f"{where}: tenants[{i}].api_key must be a string of at least 16 characters")
-        weight = t.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
-            raise ConfigError(f"{where}: tenants[{i}].weight must be a positive number, got {weight!r}")
-        group = t.get("cache_group") or ""
-        if not isinstance(group, str) or len(group) > 64:
-            raise ConfigError(f"{where}: tenants[{i}].cache_group must be a name of at most 64 characters")
-        parent = t.get("parent") or ""
-        if not isinstance(parent, str):
-            raise ConfigError(f"{where}: tenants[{i}].parent must be a tree node's name")
-        classes = t.get("classes") or []
-        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-            raise ConfigError(f"{where}: tenants[{i}].classes must be a list of request class names")
+            key = generated[t.name] = "fg-" + secrets.token_urlsafe(24)
         tenants.append(
             TenantConfig(
-                name=str(t["name"]),
+                name=t.name,
                 key_hash=hash_key(key),
-                weight=float(weight),
-                cache_group=group,
-                parent=parent,
-                classes=tuple(classes),
+                weight=t.weight,
+                cache_group=t.cache_group,
+                parent=t.parent,
+                classes=tuple(t.classes),
             )
         )
     if not tenants:
@@ -462,53 +427,3 @@ def _tenant_rows(raw: dict[str, Any], where: str) -> list[Any]:
     if not isinstance(rows, list):
         raise ConfigError(f"{where}: tenants_file {path} must hold a list of tenants")
     return rows
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def validate_section(model: type[M], raw: Any, name: str) -> M:
-    """Validate one section (``name``: where it sits, e.g. ``workers.vllm``); the first problem
-    becomes a ``ValueError`` of one clear line naming the field and the value."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"{name} must be a mapping, got {raw!r}")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ValueError(_explain(exc.errors()[0], name, model)) from None
-
-
-def _explain(error: Any, section: str, model: type[BaseModel]) -> str:
-    loc = [str(p) for p in error.get("loc", ()) if p != "settings"]
-    field = ".".join([section, *loc])
-    kind, ctx, value = error.get("type", ""), error.get("ctx") or {}, error.get("input")
-    if kind == "extra_forbidden":
-        owner = ".".join([section, *loc[:-1]])
-        fields = _fields_at(model, loc[:-1])
-        return f"{owner} takes {', '.join(sorted(fields))}; unknown: {loc[-1]}"
-    wants = {
-        "int_type": "a whole number",
-        "float_type": "a number",
-        "bool_type": "true or false",
-        "string_type": "a string",
-        "model_type": "a mapping",
-        "dict_type": "a mapping",
-        "greater_than_equal": f">= {ctx.get('ge')}",
-        "greater_than": f"> {ctx.get('gt')}",
-        "less_than_equal": f"<= {ctx.get('le')}",
-        "less_than": f"< {ctx.get('lt')}",
-        "literal_error": f"one of {ctx.get('expected')}",
-        "string_too_short": "a non-empty string",
-    }.get(kind)
-    if wants is not None:
-        return f"{field} must be {wants}, got {value!r}"
-    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{field}: {message}"
-
-
-def _fields_at(model: type[BaseModel], path: list[str]) -> list[str]:
-    for name in path:
-        annotation = model.model_fields[name].annotation
-        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
-        model = next(a for a in inner if issubclass(a, BaseModel))
-    return list(model.model_fields)

@@ -1,0 +1,57 @@
+"""What a tenant, a node of the tenant tree and a request class may be: one schema for the gateway's
+configuration, the workload specs and the admin API's checks (with the core's weight rule,
+``dispatcher.core.weights``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from common.sections import Section
+from dispatcher.core.weights import MAX_WEIGHT
+
+MAX_GROUP_CHARS = 64  # a cache group's name
+
+
+class TenantEntry(Section):
+    """A tenant as the configuration lists it: ``api_key`` (at least 16 characters; none: one is
+    generated and shown once), ``weight``, ``cache_group`` (tenants of one group share cached prefixes;
+    "": its own, apart), ``parent`` (its node in the tenant tree; "": the root), ``classes`` (the request
+    classes it may use; none listed: every class that is not strict)."""
+
+    name: str = Field(min_length=1, description="the tenant's name")
+    api_key: str | None = Field(None, min_length=16, description="its key (none: generated, shown once)")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share against its siblings")
+    cache_group: str = Field("", max_length=MAX_GROUP_CHARS, description="tenants of one group share cached prefixes")
+    parent: str = Field("", description="its tree node (none: the root)")
+    classes: list[str] = Field(default_factory=list, description="classes it may use (none: all not strict)")
+
+
+class TenantConfig(Section):
+    """A tenant as the gateway keeps it: its key's hash, never the key."""
+
+    name: str
+    key_hash: str
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
+    cache_group: str = Field("", max_length=MAX_GROUP_CHARS)
+    parent: str = ""
+    classes: tuple[str, ...] = ()
+
+
+class NodeConfig(Section):
+    """A node of the tenant tree (an organisation, a team): tenants and nodes under it share its weight."""
+
+    name: str = Field(min_length=1, max_length=64, description="the node's name")
+    parent: str = Field("", description="its parent node (none: the root)")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share against its siblings")
+
+
+class ClassConfig(Section):
+    """A request class (docs/architecture.md), chosen by the client with OpenAI's ``service_tier`` (``tier``, by
+    default the class's name, e.g. ``flex`` for batch); ``strict``: served before every other class
+    (operators); ``ttft_s``: its first-token objective (within the class, earliest deadline first)."""
+
+    name: str = Field(min_length=1, max_length=32, description="the class's name")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share against the key's other classes")
+    tier: str = Field("", description="the service_tier that asks for it (none: its name)")
+    strict: bool = Field(False, description="served before every other class, charged to no node")
+    ttft_s: float | None = Field(None, gt=0, description="its first-token objective, in seconds")
