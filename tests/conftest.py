@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+# the light path (`bash scripts/test.sh tests/unit`): every property checked, on fewer random cases
+settings.register_profile("quick", max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("FAIRGATE_HYPOTHESIS") or ("ci" if os.environ.get("CI") else "default"))
 
 
 @pytest.fixture(scope="session")
