@@ -10,50 +10,38 @@ disconnects while streaming aborts it at the worker.
 import asyncio
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
-from importlib import resources
 from typing import Any
 
-import ray
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 from ray import serve
-from ray.exceptions import RayActorError
 
 from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
 from common.sections import hash_key
-from common.tracing import RequestTrace, configure_tracing, finished_spans
+from common.tracing import RequestTrace, configure_tracing
 from dispatcher.actor import get_or_create_dispatcher
-from ingress.admin_api import TenantChange, node_change, tenant_change
+from ingress.admin_routes import AdminRoutes
 from ingress.admission_client import AdmissionClient, DispatcherUnavailable
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
+from ingress.dispatcher_client import DispatcherClient
 from ingress.errors import rejection_error
 from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 from ingress.http_app import ASGIApp, ByteRelay, build_http_app
 from ingress.listener import DirectListener
-from ingress.openai_api import ChatAdmission, CompletionAdmission, parse_json
+from ingress.observability_routes import ObservabilityRoutes
+from ingress.openai_api import ChatFields, CompletionFields, parse_json
 from ingress.pools import ModelPools
-from ingress.prometheus import CONTENT_TYPE, render_prometheus
 from ingress.service_tier import echo_tier
 
-DASHBOARD_HTML = resources.files("ingress").joinpath("dashboard.html").read_text()
-DASHBOARD_HISTORY_S = 300.0  # the live page's chart: the last five minutes
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
 
 
 INLINE_TOKENIZE_BYTES = 16_384  # larger bodies are tokenized off the event loop (it serves every client)
 log = logging.getLogger(__name__)
-
-
-def _raise_error(result: dict[str, Any]) -> None:
-    """An admin change the dispatcher refused, as the client's error."""
-    if "error" in result:
-        status, message = result["error"]
-        raise ApiError(status, message, code={404: "not_found", 409: "conflict"}.get(status, "invalid_request"))
 
 
 def _sse_error(error: ApiError) -> bytes:
@@ -79,7 +67,7 @@ GRACEFUL_SHUTDOWN_S = 120  # a replica going away finishes the streams it relays
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 @serve.ingress()
-class Ingress:
+class Ingress(AdminRoutes, ObservabilityRoutes):
     def __init__(
         self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None, listen: str | None = None
     ) -> None:
@@ -91,10 +79,8 @@ class Ingress:
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._lookups = LookupBudget()
         self._admin_key_hash = gateway.get("admin_key_hash", "")
-        self._dispatcher = get_or_create_dispatcher(app_name, gateway, secret)
-        self._admission = AdmissionClient(
-            lambda: self._ask_dispatcher("admission_address", ()), secret, DISPATCHER_WAIT_S
-        )
+        self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, gateway, secret), DISPATCHER_WAIT_S)
+        self._admission = AdmissionClient(self._dispatcher.admission_address, secret, DISPATCHER_WAIT_S)
         self._connections = WorkerConnections()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
@@ -155,94 +141,6 @@ class Ingress:
         tenant = await self._tenant(request)
         return self._pools.pool(model, tenant).card()
 
-    # ------------------------------------------------------------------ observability
-
-    async def metrics(self, request: Request) -> Response:
-        """Prometheus exposition of the dispatcher's figures. Per-tenant series (capped at top_tenants)
-        only for a scrape with the admin key: tenants' names and usage are nobody else's business; an
-        anonymous scrape gets every figure summed over tenants (``tenant="other"``)."""
-        key = request.headers.get("authorization", "").partition(" ")[2].strip()
-        top = self._top_tenants if key and is_admin_key(key, self._admin_key_hash) else 0
-        snapshot = await self._telemetry()
-        return Response(render_prometheus(snapshot, top), media_type=CONTENT_TYPE)
-
-    async def dashboard(self) -> HTMLResponse:
-        """The live page; it asks for the admin key and reads /admin/dashboard.json with it."""
-        return HTMLResponse(DASHBOARD_HTML)
-
-    async def dashboard_data(self, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return await self._ask_dispatcher("telemetry", (DASHBOARD_HISTORY_S,))
-
-    async def finished_spans(self) -> list[dict[str, Any]]:
-        """Spans finished in this replica (telemetry traces: memory; called through a Serve handle)."""
-        return finished_spans()
-
-    async def _telemetry(self) -> dict[str, Any]:
-        """The dispatcher's telemetry snapshot, shared by scrapes within a second."""
-        now = time.monotonic()
-        if self._snapshot is None or now - self._snapshot[0] > 1.0:
-            self._snapshot = (now, await self._ask_dispatcher("telemetry", ()))
-        return self._snapshot[1]
-
-    # ------------------------------------------------------------------ admin API (admin key only)
-
-    async def admin_list(self, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return {"object": "list", "data": await self._dispatcher.list_tenants.remote()}
-
-    async def admin_create(self, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        change = tenant_change(await self._json_body(request), creating=True)
-        row = await self._change("create", change.name or "", change)
-        return {**row, "api_key": change.api_key}  # shown once: only its hash is kept
-
-    async def admin_update(self, name: str, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return await self._change("update", name, tenant_change(await self._json_body(request), creating=False))
-
-    async def admin_delete(self, name: str, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return await self._change("delete", name, None)
-
-    async def admin_nodes(self, request: Request) -> dict[str, Any]:
-        """The tenant tree's nodes (organisations, teams) with their weights and counters."""
-        await self._admin(request)
-        return {"object": "list", "data": await self._dispatcher.list_nodes.remote()}
-
-    async def admin_create_node(self, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        name, parent, weight = node_change(await self._json_body(request), creating=True)
-        return await self._change_node("create", name or "", parent or "", weight)
-
-    async def admin_update_node(self, name: str, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        _, parent, weight = node_change(await self._json_body(request), creating=False)
-        return await self._change_node("update", name, parent, weight)
-
-    async def admin_delete_node(self, name: str, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return await self._change_node("delete", name, None, None)
-
-    async def admin_stats(self, request: Request) -> dict[str, Any]:
-        await self._admin(request)
-        return await self._dispatcher.stats.remote()
-
-    async def _change(self, action: str, name: str, change: TenantChange | None) -> dict[str, Any]:
-        c = change or TenantChange(None, None, None, None, None, None)
-        key_hash = None if c.api_key is None else hash_key(c.api_key)
-        result = await self._dispatcher.change_tenant.remote(
-            action, name, key_hash, c.weight, c.cache_group, c.parent, c.classes
-        )
-        _raise_error(result)
-        self._keys.forget_tenant(name)
-        return result
-
-    async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:
-        result = await self._dispatcher.change_node.remote(action, name, parent, weight)
-        _raise_error(result)
-        return result
-
     # ------------------------------------------------------------------ one request
 
     async def generation(self, request: Request, endpoint: str) -> ASGIApp:
@@ -251,7 +149,7 @@ class Ingress:
         answer from the assigned worker, bytes unchanged."""
         tenant, key_hash = await self._caller(request)
         raw = await self._raw_body(request)
-        req = parse_body(ChatAdmission if endpoint == "chat" else CompletionAdmission, parse_json(raw))
+        req = parse_body(ChatFields if endpoint == "chat" else CompletionFields, parse_json(raw))
         pool = self._pools.pool(req.model, tenant)
         if len(raw) > INLINE_TOKENIZE_BYTES:  # long prompts: tokenized off the event loop
             admitted = await asyncio.to_thread(pool.prompting.admit, req)
@@ -395,26 +293,6 @@ class Ingress:
             raise rejection_error(placement.rejected)
         return placement
 
-    async def _ask_dispatcher(self, method: str, args: tuple[Any, ...], again: tuple[Any, ...] | None = None) -> Any:
-        """Call the dispatcher, waiting out a restart (up to ``DISPATCHER_WAIT_S``) and asking again with
-        ``again`` (default: the same arguments). Cancelling the call cancels it at the dispatcher."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + DISPATCHER_WAIT_S
-        delay = 0.1
-        while True:
-            ref = getattr(self._dispatcher, method).remote(*args)
-            try:
-                return await ref
-            except asyncio.CancelledError:  # e.g. the client left while queued: withdraw the request
-                ray.cancel(ref)
-                raise
-            except RayActorError:
-                if loop.time() >= deadline:
-                    raise rejection_error("dispatcher_unavailable") from None
-                args = again or args
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-
     async def _generate(
         self,
         model: str,
@@ -459,7 +337,7 @@ class Ingress:
         this may run while the client leaves; a second call finds nothing to free)."""
         if not outcome.received and not outcome.released:
             outcome.released = True
-            self._dispatcher.release.remote(rid, model)
+            self._dispatcher.release(rid, model)
 
     # ------------------------------------------------------------------ input
 
@@ -481,7 +359,7 @@ class Ingress:
         if not found:
             if not self._lookups.take():  # a flood of unknown keys: refused here, the dispatcher spared
                 return None
-            tenant = await self._ask_dispatcher("lookup_key", (key_hash,))
+            tenant = await self._dispatcher.lookup_key(key_hash)
             self._keys.put(key_hash, tenant)
         return tenant
 

@@ -14,7 +14,7 @@ INT32_MAX = 2**31 - 1
 MAX_CHOICES = 16  # n / best_of
 
 
-class _Admission(BaseModel):
+class _BodyFields(BaseModel):
     """The fields admission needs. Everything else is the engine's: its own OpenAI layer validates and
     serves it (tools, structured outputs, logprobs, penalties...), so nothing is silently dropped."""
 
@@ -30,7 +30,7 @@ class _Admission(BaseModel):
         return max(self.n, self.best_of or 1)
 
 
-class ChatAdmission(_Admission):
+class ChatFields(_BodyFields):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
@@ -46,7 +46,7 @@ class ChatAdmission(_Admission):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionAdmission(_Admission):
+class CompletionFields(_BodyFields):
     prompt: str | list[str] | list[int]
 
     @field_validator("prompt")

@@ -16,7 +16,7 @@ from typing import Any
 
 from common.openai_errors import ApiError
 from common.prefix_hashes import block_hashes, hash_block_tokens
-from ingress.openai_api import ChatAdmission, CompletionAdmission
+from ingress.openai_api import ChatFields, CompletionFields
 from workers.engines import engine_for
 
 ROUGH_CHARS_PER_TOKEN = 3
@@ -48,9 +48,9 @@ class Prompting:
         self.model = model
         self.context_limit = context_limit(gateway, workers)
 
-    def prompt(self, req: ChatAdmission | CompletionAdmission) -> tuple[int, list[int] | None]:
+    def prompt(self, req: ChatFields | CompletionFields) -> tuple[int, list[int] | None]:
         """The prompt's token count, and its tokens when known."""
-        if isinstance(req, CompletionAdmission):
+        if isinstance(req, CompletionFields):
             if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], int):
                 return len(req.prompt), list(req.prompt)
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
@@ -63,7 +63,7 @@ class Prompting:
         except Exception:  # not renderable: the engine's layer gives the client its own 400
             return len(json.dumps(req.messages)) // ROUGH_CHARS_PER_TOKEN + 1, None
 
-    def admit(self, req: ChatAdmission | CompletionAdmission) -> Admitted:
+    def admit(self, req: ChatFields | CompletionFields) -> Admitted:
         """The admitted size of a request; 400 when it does not fit the context."""
         prompt_tokens, tokens = self.prompt(req)
         max_tokens = req.asked_max_tokens() or self._default_max_tokens

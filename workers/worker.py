@@ -27,9 +27,9 @@ from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
-from workers.admission import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from workers.asgi_call import AsgiResponse, Linger, call_asgi
-from workers.engines.interface import Admission, ASGIApp, EngineRunner, StepReport, current_admission
+from workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
+from workers.engines.interface import ASGIApp, EngineRunner, StepReport, TicketGrant, current_grant
 from workers.generate_server import GenerateServer
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         w.generated.popitem(last=False)
     running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
     scope = contextvars.copy_context()
-    scope.run(current_admission.set, Admission(t.request_id, t.tenant, body["cache_salt"], t.priority))
+    scope.run(current_grant.set, TicketGrant(t.request_id, t.tenant, body["cache_salt"], t.priority))
     response = None
     assert w.openai_app is not None
     try:

@@ -52,7 +52,7 @@ class Request:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def admission_need(prompt_tokens: int) -> int:
+def start_need(prompt_tokens: int) -> int:
     """KV tokens an engine must have free to admit a prompt: the prompt and its first output token."""
     return prompt_tokens + 1
 

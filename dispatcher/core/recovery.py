@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from dispatcher.core.model import Request, admission_need
+from dispatcher.core.model import Request, start_need
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class WorkerRecovery:
         )
         t.output_tokens += max(0, output_tokens - before_out)
         length = max(max_tokens, output_tokens, 1)
-        need = admission_need(prompt_tokens)
+        need = start_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, length, 0.0, self.state.next_seq, need)
         self.state.next_seq += 1
         req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from dispatcher.core.classes import default_class
 from dispatcher.core.ledger import Ledger
-from dispatcher.core.model import Request, Tenant, admission_need
+from dispatcher.core.model import Request, Tenant, start_need
 from dispatcher.core.out_of_order import OutOfOrderPicks
 from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
@@ -129,7 +129,7 @@ class FairScheduler(TenantBook, WorkerRecovery, SchedulerViews, OutOfOrderPicks)
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
-        need = admission_need(prompt_tokens)
+        need = start_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self.state.next_seq, need, true_output)
         if prefix and block_tokens > 0:
             req.prefix, req.block_tokens = tuple(prefix), block_tokens

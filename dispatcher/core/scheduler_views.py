@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
 from dispatcher.core.fairness import engine_queue_slack, unit_u
-from dispatcher.core.model import Request, admission_need
+from dispatcher.core.model import Request, start_need
 
 S = TypeVar("S")
 
@@ -53,7 +53,7 @@ class SchedulerViews:
 
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""
-        return not self.tree.any_waiting() and self.workers.place(admission_need(prompt_tokens)) is not None
+        return not self.tree.any_waiting() and self.workers.place(start_need(prompt_tokens)) is not None
 
     def sibling_gaps(self) -> dict[str, float]:
         """Per tree node ("": the root), the largest counter gap between its backlogged children:

@@ -1,8 +1,9 @@
 """The dispatcher's view of worker capacity, and where a request should go.
 
-Admission follows each engine's own rule (docs/architecture.md: admission): a request may go to a worker when that
-engine would admit it now, i.e. its prompt fits the KV the engine reported free at its last step,
-above the engine's watermark, less what was assigned there since and has not started (``pending``);
+Assignment follows each engine's own start rule (docs/architecture.md, "filling each engine as it
+fills itself"): a request may go to a worker when that engine would start it now, i.e. its prompt
+fits the KV the engine reported free at its last step, above the engine's watermark, less what was
+assigned there since and has not started (``pending``);
 nothing is reserved for output, which the engine's preemption covers, as it does for the engine alone.
 Beyond that, a small queue waits inside each engine so that its next step never lacks work while
 the dispatcher's next assignment is on its way: its depth follows how many requests the engine

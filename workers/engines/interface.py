@@ -7,7 +7,7 @@ plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks
   ingress and sends one report per engine step to the dispatcher; a runner turns a request into a
   stream of deltas, calls ``on_step`` once per engine step with what that step did (a ``StepReport``),
   and serves the engine's own OpenAI layer (``openai_app``: an ASGI app the worker drives in-process).
-  The layer learns which admitted request it serves from ``current_admission``.
+  The layer learns which admitted request it serves from ``current_grant``.
 - ``PromptEstimator``: the ingress turns a request into the engine's prompt and counts its tokens, as
   the engine will, before the dispatcher charges them.
 - ``EnginePlugin``: validates the engine's settings and builds its runner and prompt estimator; says
@@ -31,9 +31,9 @@ ASGIApp = Callable[
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class TicketGrant:
     """The request the worker admitted under a ticket: the engine's request id (reports, aborts) and
-    the tenant's prefix-cache salt. Set in ``current_admission`` while the OpenAI layer serves it."""
+    the tenant's prefix-cache salt. Set in ``current_grant`` while the OpenAI layer serves it."""
 
     request_id: str
     tenant: str
@@ -41,7 +41,7 @@ class Admission:
     priority: int = 0  # the dispatcher's preemption rank (larger: preempted first)
 
 
-current_admission: ContextVar[Admission | None] = ContextVar("fairgate_admission", default=None)
+current_grant: ContextVar[TicketGrant | None] = ContextVar("fairgate_grant", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,7 @@ class EngineRunner(Protocol):
 
     async def openai_app(self) -> ASGIApp:
         """The engine's own OpenAI layer over this runner (after ``start``): ``/v1/chat/completions`` and
-        ``/v1/completions``. Every generation it starts uses ``current_admission``'s request id."""
+        ``/v1/completions``. Every generation it starts uses ``current_grant``'s request id."""
         ...
 
     def pop_reached(self, request_id: str) -> bool:

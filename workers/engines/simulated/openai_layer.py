@@ -1,7 +1,7 @@
 """The simulated engine's own OpenAI layer: chat and text completions (one choice, text only, stop
 strings, streaming with usage) served over the runner, as vLLM's serving layer is served over its
 engine. The worker drives it in-process for each admitted request; the request id comes from the
-admission, never from the body."""
+ticket's grant (``current_grant``), never from the body."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from common.openai_errors import ApiError, parse_body
-from workers.engines.interface import Delta, GenerationParams, current_admission
+from workers.engines.interface import Delta, GenerationParams, current_grant
 from workers.engines.simulated.prompts import SimulatedPrompts
 from workers.engines.simulated.protocol import ChatRequest, CompletionRequest
 from workers.engines.simulated.responses import (
@@ -71,8 +71,8 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
         except ValueError:
             raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
         req = parse_body(ChatRequest if chat else CompletionRequest, body)
-        admission = current_admission.get()
-        rid = admission.request_id if admission is not None else "cmpl-" + uuid.uuid4().hex  # served alone
+        grant = current_grant.get()
+        rid = grant.request_id if grant is not None else "cmpl-" + uuid.uuid4().hex  # served alone
         prompt = prompts.chat_prompt(req.message_dicts()) if chat else req.prompt_text()
         max_tokens = (req.max_completion_tokens if chat else None) or req.max_tokens or default_max_tokens
         params = GenerationParams(
@@ -84,8 +84,8 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
             stop=tuple(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             templated=chat,
-            cache_salt=admission.cache_salt if admission is not None else str(body.get("cache_salt") or ""),
-            priority=admission.priority if admission is not None else 0,
+            cache_salt=grant.cache_salt if grant is not None else str(body.get("cache_salt") or ""),
+            priority=grant.priority if grant is not None else 0,
         )
         deltas = runner.generate(rid, params)
         stops = StopScanner(req.stop_strings())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from workers.engines.interface import current_admission
+from workers.engines.interface import current_grant
 
 
 class AccountedEngine:
@@ -30,17 +30,17 @@ class AccountedEngine:
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any) -> AsyncIterator[Any]:
         from vllm.sampling_params import RequestOutputKind
 
-        admission = current_admission.get()
-        if admission is None:  # not through a worker's admission: nothing to account for
+        grant = current_grant.get()
+        if grant is None:  # not under a worker's ticket: nothing to account for
             async for out in self._llm.generate(prompt, sampling_params, request_id, **kwargs):
                 yield out
             return
-        rid = admission.request_id
+        rid = grant.request_id
         wanted = sampling_params.output_kind
         sampling_params.output_kind = RequestOutputKind.DELTA  # every step's tokens, to report them
         self._runner._engine_ids[rid] = request_id
         if self._runner.takes_priority:  # the dispatcher's rank picks the preemption victims
-            kwargs["priority"] = admission.priority
+            kwargs["priority"] = grant.priority
         stream = self._llm.generate(prompt, sampling_params, request_id, **kwargs)
         choices = max(1, int(getattr(sampling_params, "n", 1) or 1))
         gathered = None

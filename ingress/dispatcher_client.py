@@ -1,0 +1,81 @@
+"""The ingress's typed calls to the dispatcher actor (everything but admission, which has an endpoint of
+its own: ``ingress/admission_client.py``). Each call waits out a dispatcher restart (up to ``wait_s``)
+and asks again; cancelling a call cancels it at the dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from ingress.errors import rejection_error
+
+
+class DispatcherClient:
+    """One method per dispatcher call the ingress makes, with its arguments typed."""
+
+    def __init__(self, actor: Any, wait_s: float) -> None:
+        self._actor = actor
+        self._wait_s = wait_s
+
+    async def admission_address(self) -> str:
+        return await self._call(lambda: self._actor.admission_address.remote())
+
+    async def telemetry(self, series_s: float = 0.0) -> dict[str, Any]:
+        """Figures for /metrics and the live page (``series_s``: that much history for its charts)."""
+        return await self._call(lambda: self._actor.telemetry.remote(series_s))
+
+    async def lookup_key(self, key_hash: str) -> str | None:
+        return await self._call(lambda: self._actor.lookup_key.remote(key_hash))
+
+    async def list_tenants(self) -> list[dict[str, Any]]:
+        return await self._call(lambda: self._actor.list_tenants.remote())
+
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        return await self._call(lambda: self._actor.list_nodes.remote())
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call(lambda: self._actor.stats.remote())
+
+    async def change_tenant(
+        self,
+        action: str,
+        name: str,
+        key_hash: str | None,
+        weight: float | None,
+        cache_group: str | None,
+        parent: str | None,
+        classes: list[str] | None,
+    ) -> dict[str, Any]:
+        """create / update / delete; the tenant's row, or ``{"error": (status, message)}``."""
+        return await self._call(
+            lambda: self._actor.change_tenant.remote(action, name, key_hash, weight, cache_group, parent, classes)
+        )
+
+    async def change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:
+        return await self._call(lambda: self._actor.change_node.remote(action, name, parent, weight))
+
+    def release(self, request_id: str, model: str) -> None:
+        """Free the assignment of a request given up before its worker sent anything (not awaited: it
+        may run while the client leaves)."""
+        self._actor.release.remote(request_id, model)
+
+    async def _call(self, send: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_s
+        delay = 0.1
+        while True:
+            ref = send()
+            try:
+                return await ref
+            except asyncio.CancelledError:
+                ray.cancel(ref)
+                raise
+            except RayActorError:
+                if loop.time() >= deadline:
+                    raise rejection_error("dispatcher_unavailable") from None
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
