@@ -2,10 +2,8 @@
 data plane (ingress <-> worker) and admission (ingress <-> dispatcher).
 
 Why not gRPC for these two: every request crosses both, and in Python a gRPC call is the gateway's
-largest fixed cost. Measured on the 2-core development machine, CPU of caller and callee together: a
-``grpc.aio`` unary call about 410 us, a server-streaming call of two messages about 780 us, a message
-on an open bidirectional stream about 340 us per round trip; a frame round trip on an asyncio
-connection about 15 us. The frames carry the same protobuf messages (``proto/``), so the contracts
+largest fixed cost, a frame on an asyncio connection a small fraction of it (the figures:
+docs/speed.md, "why the code is as it is"). The frames carry the same protobuf messages (``proto/``), so the contracts
 stay in one place. The control plane (each worker's stream of step reports to the dispatcher, a few
 hundred messages a second) stays on gRPC.
 

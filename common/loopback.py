@@ -9,7 +9,7 @@ Ray's ``worker_process_setup_hook``, so it runs in every Ray worker process befo
 also keeps Ray's worker processes at normal priority).
 
 The front door (``FAIRGATE_FRONT_DOOR``) on one machine: ``direct`` (the default: each ingress replica
-serves the gateway's port itself, ``ingress/listener.py``; measured fastest, see the README),
+serves the gateway's port itself, ``ingress/listener.py``; the fastest, docs/speed.md),
 ``haproxy`` (Ray Serve's HAProxy ingress, forwarding to Serve's HTTP server in each ingress replica) or
 ``serve`` (Serve's Python HTTP proxy). HAProxy's files go to a folder of this run, and the haproxy
 process, which does not end with the Ray cluster that started it, is stopped when this process exits.

@@ -50,8 +50,8 @@ def _sse_error(error: ApiError) -> bytes:
 
 
 # Serve runs a replica's code on a second thread by default, and every message of every request then
-# crosses between that thread's event loop and the HTTP server's: measured here, 6% of the ingress's
-# CPU per short request and 15% per streamed token. The ingress's code never blocks its loop (long
+# crosses between that thread's event loop and the HTTP server's (its cost: docs/speed.md). The
+# ingress's code never blocks its loop (long
 # prompts are tokenized on a worker thread), so it runs on the server's own loop.
 SAME_LOOP = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 

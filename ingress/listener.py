@@ -3,8 +3,8 @@
 Every ingress replica on a machine binds the same address with ``SO_REUSEPORT``, and the kernel
 spreads connections among them: no proxy process between clients and the ingress. Serve's front doors
 (its Python proxy, or its HAProxy ingress forwarding to Serve's HTTP server in the replica) cost a
-proxy hop and Serve's per-request wrapper on every request and every streamed chunk; measured side by
-side in ``fairgate bench openai`` (README, "Speed"). Serve still runs the replicas: it starts,
+proxy hop and Serve's per-request wrapper on every request and every streamed chunk
+(``fairgate bench openai`` compares the front doors; docs/speed.md). Serve still runs the replicas: it starts,
 health-checks, restarts and scales them; a replica that goes away stops accepting at once and finishes
 the requests it holds.
 

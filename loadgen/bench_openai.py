@@ -207,7 +207,7 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
 
 
 async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> None:
-    """One loaded pass, not measured: a server's first one after it started ran slower here."""
+    """One loaded pass, not measured: a server's first loaded pass after it starts is slower."""
     chat, url = _chat(config), base_url + "/chat/completions"
     async with _client(api_key, config.concurrency) as c:
         await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat()))
@@ -276,8 +276,8 @@ def bench_openai(
     Both warm up first (one loaded pass each, not measured). Then ``rounds`` times, each of the two is
     measured while the other is paused (its whole process tree stopped), alone first in even rounds and
     the gateway first in odd ones. Every pass has the machine
-    to itself, and a round's two passes are seconds apart: the machine's own drift (this 2-core VM's
-    speed moved by a fifth within minutes, one server's figures with it) falls out of each round's
+    to itself, and a round's two passes are seconds apart: the machine's own drift (docs/speed.md)
+    falls out of each round's
     ratio. Per arm the median of its rounds; per gateway arm the median of its rounds' ratios."""
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}

@@ -38,14 +38,13 @@ GENERATED_KEPT = 50_000
 ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher forgets lost requests at 120 s)
 ENDED_KEPT = 20_000
 # A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
-# when an engine steps fast (each message costs the worker, the ingress and the client CPU: on a 2-core
-# host running vLLM beside the gateway, 25 ms instead of 10 cut the client's CPU per token by a
-# quarter); the first piece, a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after
+# when an engine steps fast (each message costs the worker, the ingress and the client CPU; figures in
+# docs/speed.md); the first piece, a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after
 # the engine finished the request (a client's next request may wait on them) go at once.
 RELAY_LINGER_S = 0.025
 # Step reports go to the dispatcher at most once per this interval, the steps in between merged: a GPU's
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
-# message (about 200 us of CPU at each end here) per step. It is the pace while requests wait in the
+# message (CPU at each end) per step. It is the pace while requests wait in the
 # dispatcher, for a report that says a request started or finished (the dispatcher learns of either at
 # most this much later), and a worker's pace until the dispatcher says otherwise (``Pace``: longer
 # while nothing waits, at most REPORT_LINGER_MAX_S).

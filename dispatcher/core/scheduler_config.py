@@ -29,8 +29,7 @@ class SchedulerConfig:
     last 20 times ``FOOTPRINT_HEADROOM``, ``max_tokens`` while nothing is known): past one pool the
     engine preempts, as it does alone; the cap keeps a tenant of tiny prompts and long outputs from
     filling an engine with far more than it can hold, whose growth would otherwise run past VTC's
-    bound while the others wait (admitted by prompt alone, such a tenant broke it 2.5x in the paper's
-    ``poisson_short_long_2``; with the cap at 2 it stays at 0.43 of it).
+    bound while the others wait (docs/results.md has the run that showed it).
     ``max_queued_per_tenant`` / ``max_queued``: caps on requests waiting (one tenant's / everyone's);
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
     ``classes``: the request classes (``dispatcher.core.classes``; the first one not strict is the

@@ -34,8 +34,8 @@ def vllm_server(
         stderr=subprocess.STDOUT,
         env=env,
         # its engine processes go with it (killpg); a group, not a session: Linux's autogroup scheduler
-        # shares the CPU between sessions, and vLLM measured 2-3x slower in a session of its own beside
-        # its client on this machine
+        # shares the CPU between sessions, so a server in a session of its own gets a share apart from
+        # its client's and the gateway's (docs/speed.md)
         process_group=0,
     )
     base = f"http://127.0.0.1:{port}/v1"
