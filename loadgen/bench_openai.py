@@ -280,6 +280,7 @@ def bench_openai(
     falls out of each round's
     ratio. Per arm the median of its rounds; per gateway arm the median of its rounds' ratios."""
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
+    pinned = (0, 0)
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}
     plugin = engine_for(config.engine)
     pin = _cpu_split(plugin, config.engine_cpus)
@@ -302,7 +303,7 @@ def bench_openai(
                     got: dict[str, ArmResult] = {}
                     for arm in ("alone", door) if i % 2 == 0 else (door, "alone"):
                         url, api_key, other = arms[arm]
-                        pin(alone_pid, gateway_pid)  # a process started since (Ray's) gets its side too
+                        pinned = pin(alone_pid, gateway_pid)  # a process started since (Ray's) gets its side too
                         with paused(other):
                             time.sleep(RESUME_SETTLE_S)
                             got[arm] = asyncio.run(measure(url, api_key, config))
@@ -316,20 +317,22 @@ def bench_openai(
         "rounds": {arm: [asdict(r) for r in arm_runs] for arm, arm_runs in runs.items()},
         "ratios": {door: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for door, rs in ratios.items()},
         "round_ratios": ratios,
+        "pinned_processes": {"engine": pinned[0], "host": pinned[1]},
     }
 
 
-def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., None]:
-    """What pins both arms' processes before each pass: nothing without ``engine_cpus``."""
+def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., tuple[int, int]]:
+    """What pins both arms' processes before each pass (nothing without ``engine_cpus``); it returns
+    how many processes went to the engine's cores and to the rest."""
     if not engine_cpus:
-        return lambda *roots: None
+        return lambda *roots: (0, 0)
     title = plugin.compute_process_title
     if title is None:
         raise ValueError(f"the {plugin.name} engine computes inside its worker: it has no processes to pin")
     cpus = parse_cpus(engine_cpus)
 
-    def pin(*roots: int) -> None:
-        split_cpus(roots, title, cpus)
+    def pin(*roots: int) -> tuple[int, int]:
+        return split_cpus(roots, title, cpus)
 
     return pin
 

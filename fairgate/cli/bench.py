@@ -322,7 +322,11 @@ def _openai(args: argparse.Namespace) -> int:
         f"{config.short_concurrency} at once; medians of {rounds} rounds, each arm measured with the other paused"
     )
     if args.engine_cpus:
-        print(f"engine compute on CPUs {args.engine_cpus} alone; every other process of both arms on the rest")
+        n = out["pinned_processes"]
+        print(
+            f"engine compute on CPUs {args.engine_cpus} alone ({n['engine']} processes of both arms); every other "
+            f"process ({n['host']}) on the rest"
+        )
     print(
         f"{'':<26} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
     )
