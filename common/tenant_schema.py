@@ -10,6 +10,7 @@ from common.sections import Section
 from dispatcher.core.weights import MAX_WEIGHT
 
 MAX_GROUP_CHARS = 64  # a cache group's name
+MIN_KEY_CHARS = 16  # an API key (tenants' and the admin's)
 
 
 class TenantEntry(Section):
@@ -19,7 +20,7 @@ class TenantEntry(Section):
     classes it may use; none listed: every class that is not strict)."""
 
     name: str = Field(min_length=1, description="the tenant's name")
-    api_key: str | None = Field(None, min_length=16, description="its key (none: generated, shown once)")
+    api_key: str | None = Field(None, min_length=MIN_KEY_CHARS, description="its key (none: generated, shown once)")
     weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share against its siblings")
     cache_group: str = Field("", max_length=MAX_GROUP_CHARS, description="tenants of one group share cached prefixes")
     parent: str = Field("", description="its tree node (none: the root)")

@@ -27,7 +27,7 @@ from common.sections import (
     secret_from_env,
     validate_section,
 )
-from common.tenant_schema import ClassConfig, NodeConfig, TenantConfig, TenantEntry
+from common.tenant_schema import MIN_KEY_CHARS, ClassConfig, NodeConfig, TenantConfig, TenantEntry
 from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
 from dispatcher.core.classes import RequestClass
 from dispatcher.core.tree import TreeError, check_tree
@@ -240,8 +240,8 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
     admin_key = secret_from_env("FAIRGATE_ADMIN_KEY") or raw.get("admin_api_key")
     if admin_key is None:
         admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)
-    elif not isinstance(admin_key, str) or len(admin_key) < 16:
-        raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least 16 characters")
+    elif not isinstance(admin_key, str) or len(admin_key) < MIN_KEY_CHARS:
+        raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least {MIN_KEY_CHARS} characters")
     if hash_key(admin_key) in {t.key_hash for t in tenants}:
         raise ConfigError(f"{where}: the admin key must differ from every tenant's key")
     names = {t.name for t in tenants}

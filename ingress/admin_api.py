@@ -6,6 +6,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from common.tenant_schema import MAX_GROUP_CHARS, MIN_KEY_CHARS
 from ingress.openai_api import ApiError
 
 
@@ -30,14 +31,19 @@ def tenant_change(body: Any, creating: bool) -> TenantChange:
     _fields(body, TENANT_FIELDS | ({"name"} if creating else set()))
     name = _name(body, creating)
     key = body.get("api_key")
-    if key is not None and (not isinstance(key, str) or len(key) < 16):
-        raise ApiError(400, "invalid 'api_key': at least 16 characters", param="api_key", code="invalid_request")
+    if key is not None and (not isinstance(key, str) or len(key) < MIN_KEY_CHARS):
+        raise ApiError(
+            400, f"invalid 'api_key': at least {MIN_KEY_CHARS} characters", param="api_key", code="invalid_request"
+        )
     if creating and key is None:
         key = "fg-" + secrets.token_urlsafe(24)
     group = body.get("cache_group")
-    if group is not None and (not isinstance(group, str) or len(group) > 64):
+    if group is not None and (not isinstance(group, str) or len(group) > MAX_GROUP_CHARS):
         raise ApiError(
-            400, "invalid 'cache_group': a name of at most 64 characters", param="cache_group", code="invalid_request"
+            400,
+            f"invalid 'cache_group': a name of at most {MAX_GROUP_CHARS} characters",
+            param="cache_group",
+            code="invalid_request",
         )
     classes = body.get("classes")
     if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
