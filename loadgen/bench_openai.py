@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 from common.loopback import FRONT_DOOR_ENV
-from loadgen.cpu_split import parse_cpus, split_cpus
+from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
 from loadgen.pausing import listening_process, paused
 from workers.engines import engine_for
 
@@ -77,6 +77,8 @@ class ArmResult:
     ttft_p99_ms: float
     light_ttft_p50_ms: float
     short_requests_per_s: float
+    engine_cpu_busy: float  # loaded phase, with --engine-cpus: how busy the engine's cores were (0-1); else 0
+    host_cpu_busy: float  # loaded phase: how busy the other cores were (all of them without --engine-cpus)
     errors: int
     error_kinds: dict[str, int] = field(default_factory=dict)  # what the client saw fail, by exception
 
@@ -171,7 +173,9 @@ def _client(api_key: str, connections: int) -> httpx.AsyncClient:
 
 
 async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
+    """One pass of the three phases; the CPUs' busy shares are those of the loaded phase."""
     chat = _chat(config)
+    engine_cpus = parse_cpus(config.engine_cpus) if config.engine_cpus else set()
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
     kinds: collections.Counter[str] = collections.Counter()
@@ -180,9 +184,11 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
         light, light_errors, _ = await _closed_loops(
             1, config.light_requests, lambda: _stream_one(c, url, chat()), kinds
         )
+        before = cpu_times()
         loaded, errors, seconds = await _closed_loops(
             config.concurrency, config.requests, lambda: _stream_one(c, url, chat()), kinds
         )
+        after = cpu_times()
     async with _client(api_key, config.short_concurrency) as c:
 
         async def one_short() -> int:
@@ -201,6 +207,8 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
         ttft_p99_ms=1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         light_ttft_p50_ms=1000 * statistics.median(t for t, _ in light),
         short_requests_per_s=len(done) / short_s,
+        engine_cpu_busy=busy_share(before, after, engine_cpus),
+        host_cpu_busy=busy_share(before, after, MACHINE_CPUS - engine_cpus),
         errors=errors + light_errors + short_errors,
         error_kinds=dict(kinds),
     )
@@ -326,13 +334,13 @@ def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., tuple[int, int]]:
     how many processes went to the engine's cores and to the rest."""
     if not engine_cpus:
         return lambda *roots: (0, 0)
-    title = plugin.compute_process_title
-    if title is None:
-        raise ValueError(f"the {plugin.name} engine computes inside its worker: it has no processes to pin")
+    titles = plugin.engine_process_titles
+    if not titles:
+        raise ValueError(f"the {plugin.name} engine runs inside its worker: it has no processes of its own to pin")
     cpus = parse_cpus(engine_cpus)
 
     def pin(*roots: int) -> tuple[int, int]:
-        return split_cpus(roots, title, cpus)
+        return split_cpus(roots, titles, cpus)
 
     return pin
 

@@ -4,7 +4,8 @@ Tenants and requests (``model``), the scheduler that keeps their queues and coun
 (``scheduler``), the fairness policies (``policies``, one module each) and placement rules
 (``placement``, one module each) it is driven by, the ledger every charge goes through (``ledger``),
 cost functions and length predictors, the worker capacity table, snapshots, the fairness figures
-(``fairness``: the one 2U) and the autoscaling rule (``capacity``).
+(``fairness``: the one 2U) and the autoscaling rule (``capacity``). The calls the rest of the gateway
+makes of it are listed in one table: docs/layout.md, "the core's public surface".
 """
 
 from dispatcher.core.capacity import Demand, ReplicaCapacity, desired_replicas

@@ -329,14 +329,16 @@ def _openai(args: argparse.Namespace) -> int:
         )
     print(
         f"{'':<26} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} {'errors':>7}"
+        f" {'engine CPU':>11} {'host CPU':>9}"
     )
     labels = {"alone": plugin.reference_name} | {d: f"fairgate, {d} front door" for d in doors}
     for arm, row in out["arms"].items():
         print(
             f"{labels[arm]:<26} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms "
             f"{row['ttft_p99_ms']:>7.1f}ms {row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} "
-            f"{row['errors']:>7}"
+            f"{row['errors']:>7} {row['engine_cpu_busy']:>11.0%} {row['host_cpu_busy']:>9.0%}"
         )
+    print("(engine / host CPU: how busy those cores were in the loaded phase; engine: with --engine-cpus only)")
     for arm, row in out["arms"].items():
         if row["error_kinds"]:
             kinds = ", ".join(f"{n} x {kind}" for kind, n in sorted(row["error_kinds"].items()))

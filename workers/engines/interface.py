@@ -199,9 +199,10 @@ class EnginePlugin:
     # keys), for the configuration reference (docs/configuration.md)
     settings_model: ClassVar[type | None] = None
     settings_section: ClassVar[str] = ""
-    # the title of the processes that run the model (None: it runs inside the worker), for benchmarks that
-    # give them cores of their own as a GPU host's device is its own (``loadgen.cpu_split``)
-    compute_process_title: ClassVar[str | None] = None
+    # the titles of the engine's own processes (its step loop and the model; none: it runs inside the
+    # worker), for benchmarks that give them cores of their own, as a GPU host gives its engine a device
+    # and the cores that feed it (``loadgen.cpu_split``)
+    engine_process_titles: ClassVar[tuple[str, ...]] = ()
 
     def reference_server(
         self, settings: Settings, served_model: str, port: int, log: Any = None

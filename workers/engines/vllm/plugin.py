@@ -60,7 +60,7 @@ class VllmPlugin(EnginePlugin):
     reference_name = "vLLM's own server"
     settings_model = VllmSettings
     settings_section = "vllm"
-    compute_process_title = "VLLM::Worker"  # the executor's model process (the CPU platform always starts one)
+    engine_process_titles = ("VLLM::EngineCore", "VLLM::Worker")  # the step loop, and the model's process
 
     def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):
         from workers.engines.vllm.reference_server import vllm_server
