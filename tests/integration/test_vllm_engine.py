@@ -216,6 +216,48 @@ def test_measured_profile_drives_the_simulator_within_15_percent(engine):
     pytest.fail(f"the simulator missed vLLM's throughput by more than 15% in every trial: {trials}")
 
 
+def test_the_engine_model_follows_vllm_when_its_kv_pool_is_the_limit(engine):
+    """The KV-bound case: as many requests as vLLM's batch limit, whose prompts fit the pool but whose
+    outputs outgrow it, so vLLM admits by the prompt and preempts and recomputes the newest when
+    decoding runs out of room. The simulated engine with the same rule (admission by free KV above the
+    watermark vLLM reports, newest preempted, recomputed) and the measured profile predicts vLLM's
+    throughput within 20%; vLLM's reports show requests waiting inside it (preempted, or not admitted
+    for want of room) while it held no more than its batch limit. Up to three trials, as above."""
+    grid = {"inputs": (16, 96, 256), "outputs": (1, 64, 192)}
+    long = ((160, 256), (160, 256))  # 16 at once need 5,100-8,200 tokens of a 4,096-token pool
+    assert MAX_NUM_SEQS * (long[0][0] + long[1][0]) > KV_TOKENS
+    specs = [
+        TenantSpec("A", (Phase(0.0, 15.0, 4.0, arrival="poisson"),), *long),
+        TenantSpec("B", (Phase(0.0, 15.0, 8.0, arrival="poisson"),), *long),
+    ]
+    workload = generate("vllm-kv-bound", 15.0, specs, seed=5)
+    before = engine.run(profile(engine.runner, **grid))
+    trials = []
+    for trial in range(3):
+        engine.reports.clear()
+        real = engine.run(
+            replay_into_runner(engine.runner, workload, range(len(SPECIAL_TOKENS), VOCAB_SIZE), seed=10 + trial)
+        )
+        engine.run(engine.settle())
+        waited = max((r.waiting for r in engine.reports if r.running + r.waiting <= MAX_NUM_SEQS), default=0)
+        after = engine.run(profile(engine.runner, **grid))
+        config = SimulationConfig(
+            kv_tokens=KV_TOKENS,
+            step_model=StepTimeModel.from_profile(average_profiles(before, after)),
+            block_size=BLOCK,
+            max_running=MAX_NUM_SEQS,
+            preempt_by="newest",
+            watermark=engine.runner.watermark_tokens / KV_TOKENS,
+        )
+        simulated = simulate(workload, config).report["output_tokens"] / workload.duration_s
+        print(f"trial {trial}: KV-bound output tokens/s: vLLM {real:.0f}, simulator {simulated:.0f}; waited {waited}")
+        trials.append((real, simulated, waited))
+        if waited > 0 and abs(simulated - real) <= 0.20 * real:
+            return
+        before = after
+    pytest.fail(f"the engine model missed vLLM's KV-bound throughput by more than 20% in every trial: {trials}")
+
+
 def test_a_caller_leaving_after_the_prefill_began_leaves_the_prompt_charged(engine):
     """The client left after the engine scheduled its request but before any output token reached the
     worker (e.g. right after the first SSE chunk, which carries only the role): the runner still
