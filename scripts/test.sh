@@ -3,15 +3,16 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# `bash scripts/test.sh tests/unit` (only paths under tests/unit): the light path, which installs only
-# what the pure tests need (no vLLM, no system packages).
+# `bash scripts/test.sh tests/unit [pytest options]` (test paths all under tests/unit): the light path,
+# which installs only what the pure tests need (no vLLM, no system packages).
 light=0
-if [ $# -gt 0 ]; then
-  light=1
-  for arg in "$@"; do
-    case "$arg" in tests/unit|tests/unit/*) ;; *) light=0 ;; esac
-  done
-fi
+for arg in "$@"; do
+  case "$arg" in
+    tests/unit|tests/unit/*) [ "$light" = 0 ] && light=1 ;;
+    tests|tests/*|./tests*) light=2 ;;
+  esac
+done
+[ "$light" = 2 ] && light=0
 if [ "$light" = 1 ]; then
   bash scripts/setup.sh dev
   .venv/bin/ruff check .
