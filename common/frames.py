@@ -3,20 +3,29 @@ data plane (ingress <-> worker) and admission (ingress <-> dispatcher).
 
 Why not gRPC for these two: every request crosses both, and in Python a gRPC call is the gateway's
 largest fixed cost, a frame on an asyncio connection a small fraction of it (the figures:
-docs/speed.md, "why the code is as it is"). The frames carry the same protobuf messages (``proto/``), so the contracts
-stay in one place. The control plane (each worker's stream of step reports to the dispatcher, a few
-hundred messages a second) stays on gRPC.
+docs/speed.md, "why the code is as it is"). The frames carry the same protobuf messages
+(``proto/``), so the contracts stay in one place. The control plane (each worker's stream of step
+reports to the dispatcher, a few hundred messages a second) stays on gRPC.
 
 A frame is a 4-byte big-endian length and that many bytes. ``FrameConnection`` is the event loop's own
 protocol layer (no stream objects in between): frames in, frames out, the transport's backpressure
-(``drain``), and the connection's loss.
+(``drain``), and the connection's loss; ``send_message`` / ``next_message`` carry one protobuf message
+per frame. ``MessageConnection`` is what both hops' ends that take messages as they come are built on
+(the dispatcher's admission endpoint and its ingress client, the worker's data-plane endpoint): each
+message parsed (a frame that does not parse ends the connection), the calls it started tracked by key
+and cancelled when the connection ends, and the open connections kept for a server's stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, ClassVar, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+M = TypeVar("M", bound=Message)
 
 MAX_FRAME_BYTES = 256 << 20  # a frame longer than this is a broken or hostile peer: the connection closes
 _HEADER = 4
@@ -112,6 +121,13 @@ class FrameConnection(asyncio.Protocol):
             await self._reader
         return self._frames.popleft()
 
+    async def next_message(self, message_type: type[M]) -> M:
+        """The next frame, parsed as ``message_type``."""
+        return message_type.FromString(await self.next_frame())
+
+    def send_message(self, message: Message) -> None:
+        self.send(message.SerializeToString())
+
     def send(self, payload: bytes) -> None:
         """Queue one frame for sending (never blocks; ``drain`` waits while the peer is slow). Frames
         sent during one turn of the event loop go out in one write: a dispatcher assigning many
@@ -147,6 +163,69 @@ class FrameConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
         self.closed = True
+
+
+class MessageConnection(FrameConnection):
+    """A connection whose frames are ``incoming`` messages, each handed to ``on_message`` as it comes.
+    ``start`` runs a call for a message (one per key: a second one under the same key cancels the
+    first); ``withdraw`` cancels one. When the connection ends, its calls are cancelled (nobody waits
+    for their answers any more) and ``on_ended`` runs. ``registry``: the set a server keeps its open
+    connections in."""
+
+    incoming: ClassVar[type[Message]]
+
+    def __init__(self, registry: set[Any] | None = None) -> None:
+        super().__init__(on_frame=self._on_frame_bytes, on_lost=self._on_connection_lost)
+        self._registry = registry
+        self.calls: dict[str, asyncio.Task[None]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._registry is not None:
+            self._registry.add(self)
+
+    def on_message(self, message: Any) -> None:
+        raise NotImplementedError
+
+    def on_ended(self, exc: Exception | None) -> None:
+        """The connection ended (its calls are already cancelled)."""
+
+    def start(self, key: str, call: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        self.withdraw(key)
+        task = asyncio.get_running_loop().create_task(self._tracked(key, call))
+        self.calls[key] = task
+        return task
+
+    def withdraw(self, key: str) -> None:
+        call = self.calls.pop(key, None)
+        if call is not None:
+            call.cancel()
+
+    def busy(self) -> bool:
+        return any(not call.done() for call in self.calls.values())
+
+    async def _tracked(self, key: str, call: Coroutine[Any, Any, None]) -> None:
+        try:
+            await call
+        finally:
+            if self.calls.get(key) is asyncio.current_task():
+                del self.calls[key]
+
+    def _on_frame_bytes(self, frame: bytes) -> None:
+        try:
+            message = self.incoming.FromString(frame)
+        except DecodeError:
+            self.abort()  # not a peer of ours
+            return
+        self.on_message(message)
+
+    def _on_connection_lost(self, exc: Exception | None) -> None:
+        if self._registry is not None:
+            self._registry.discard(self)
+        calls, self.calls = self.calls, {}
+        for call in calls.values():
+            call.cancel()
+        self.on_ended(exc)
 
 
 async def connect(address: str, protocol: Callable[[], FrameConnection]) -> FrameConnection:

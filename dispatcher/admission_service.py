@@ -17,9 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
-from common.frames import FrameConnection, listen
+from common.frames import MessageConnection, listen
 from common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -54,44 +52,28 @@ NOT_AN_INGRESS = "permission_denied"  # a reply naming no request: the connectio
 INTERNAL_ERROR = "internal_error"  # the dispatcher failed on the request (a bug: the client's 500)
 
 
-class _AdmissionConnection(FrameConnection):
+class _AdmissionConnection(MessageConnection):
+    incoming = pb.AdmissionFrame
+
     def __init__(self, admit: Admit, token: str, connections: set[_AdmissionConnection]) -> None:
-        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
+        super().__init__(connections)
         self._admit = admit
         self._token = token
-        self._connections = connections
         self._trusted = False
-        self._calls: dict[str, asyncio.Task[None]] = {}
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._connections.add(self)
-
-    def _on_frame(self, frame: bytes) -> None:
-        try:
-            message = pb.AdmissionFrame.FromString(frame)
-        except DecodeError:
-            self.abort()
-            return
+    def on_message(self, message: pb.AdmissionFrame) -> None:
         kind = message.WhichOneof("kind")
         if not self._trusted:
             if kind == "token" and hmac.compare_digest(message.token.encode(), self._token.encode()):
                 self._trusted = True
                 return
-            refusal = pb.SubmitReply(rejected=NOT_AN_INGRESS, message="not an ingress of this gateway")
-            self.send(refusal.SerializeToString())
+            self.send_message(pb.SubmitReply(rejected=NOT_AN_INGRESS, message="not an ingress of this gateway"))
             self.close()
             return
-        if kind == "submit":
-            rid = message.submit.request_id
-            earlier = self._calls.pop(rid, None)
-            if earlier is not None:  # asked again before the first answer: the first is withdrawn
-                earlier.cancel()
-            self._calls[rid] = asyncio.get_running_loop().create_task(self._answer(message.submit))
+        if kind == "submit":  # asked again before the first answer: the first is withdrawn
+            self.start(message.submit.request_id, self._answer(message.submit))
         elif kind == "withdraw":
-            call = self._calls.pop(message.withdraw, None)
-            if call is not None:
-                call.cancel()
+            self.withdraw(message.withdraw)
 
     async def _answer(self, request: pb.SubmitRequest) -> None:
         rid = request.request_id
@@ -102,18 +84,9 @@ class _AdmissionConnection(FrameConnection):
         except Exception:
             log.exception("admission: the dispatcher failed on %s", rid)
             reply = pb.SubmitReply(rejected=INTERNAL_ERROR, message="the dispatcher failed on this request")
-        finally:
-            if self._calls.get(rid) is asyncio.current_task():
-                del self._calls[rid]
         reply.request_id = rid
         if not self.closed:
-            self.send(reply.SerializeToString())
-
-    def _on_lost(self, _exc: Exception | None) -> None:
-        self._connections.discard(self)
-        calls, self._calls = self._calls, {}
-        for call in calls.values():  # its ingress is gone: nobody waits for these any more
-            call.cancel()
+            self.send_message(reply)
 
 
 class AdmissionServer:

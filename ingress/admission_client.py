@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from common.frames import ConnectionLost, FrameConnection, connect
+from common.frames import ConnectionLost, MessageConnection, connect
 from common.rpc import fairgate_pb2 as pb
 from dispatcher.admission_service import INTERNAL_ERROR, ingress_token
 
@@ -26,15 +26,16 @@ class AdmissionRefused(RuntimeError):
     request: a fault of the deployment, not of the client's request."""
 
 
-class _AdmissionLink(FrameConnection):
+class _AdmissionLink(MessageConnection):
     """One connection; calls wait on it by request id."""
 
+    incoming = pb.SubmitReply
+
     def __init__(self) -> None:
-        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
+        super().__init__()
         self._waiting: dict[str, asyncio.Future[pb.SubmitReply]] = {}
 
-    def _on_frame(self, frame: bytes) -> None:
-        reply = pb.SubmitReply.FromString(frame)
+    def on_message(self, reply: pb.SubmitReply) -> None:
         if not reply.request_id:  # the token was refused: every call on this connection fails
             self._fail(AdmissionRefused(f"the dispatcher refused this ingress: {reply.message}"))
             return
@@ -42,7 +43,7 @@ class _AdmissionLink(FrameConnection):
         if future is not None and not future.done():
             future.set_result(reply)
 
-    def _on_lost(self, exc: Exception | None) -> None:
+    def on_ended(self, exc: Exception | None) -> None:
         self._fail(ConnectionLost(str(exc) if exc else "the dispatcher closed the connection"))
 
     def _fail(self, exc: Exception) -> None:
@@ -58,14 +59,14 @@ class _AdmissionLink(FrameConnection):
         if earlier is not None and not earlier.done():
             earlier.set_exception(AdmissionRefused(f"request {rid} was submitted again while it waited"))
         self._waiting[rid] = future
-        self.send(pb.AdmissionFrame(submit=request).SerializeToString())
+        self.send_message(pb.AdmissionFrame(submit=request))
         try:
             return await future
         except asyncio.CancelledError:
             if self._waiting.get(rid) is future:
                 del self._waiting[rid]
                 if not self.closed:
-                    self.send(pb.AdmissionFrame(withdraw=rid).SerializeToString())
+                    self.send_message(pb.AdmissionFrame(withdraw=rid))
             raise
 
 
@@ -108,7 +109,7 @@ class AdmissionClient:
     async def _open(self) -> _AdmissionLink:
         address = await self._address()
         link = await connect(address, _AdmissionLink)
-        link.send(pb.AdmissionFrame(token=self._token).SerializeToString())
+        link.send_message(pb.AdmissionFrame(token=self._token))
         self._link = link
         return link
 

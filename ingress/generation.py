@@ -99,9 +99,9 @@ async def stream_bytes(
     try:
         if trace_context:
             request.trace_context.update(trace_context)
-        conn.send(request.SerializeToString())
+        conn.send_message(request)
         while True:
-            chunk = pb.GenerateChunk.FromString(await conn.next_frame())
+            chunk = await conn.next_message(pb.GenerateChunk)
             if chunk.HasField("refusal"):
                 r = chunk.refusal
                 clean = True  # the worker answered: the connection serves the next request

@@ -13,9 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from google.protobuf.message import DecodeError
-
-from common.frames import ConnectionLost, FrameConnection, listen
+from common.frames import ConnectionLost, MessageConnection, listen
 from common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -23,43 +21,29 @@ log = logging.getLogger(__name__)
 Serve = Callable[[pb.GenerateRequest], AsyncIterator[pb.GenerateChunk]]
 
 
-class _GenerateConnection(FrameConnection):
+class _GenerateConnection(MessageConnection):
+    incoming = pb.GenerateRequest
+
     def __init__(self, serve: Serve, open_connections: set[_GenerateConnection]) -> None:
-        super().__init__(on_frame=self._on_frame, on_lost=self._on_lost)
+        super().__init__(open_connections)
         self._serve = serve
-        self._open = open_connections
-        self._task: asyncio.Task[None] | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._open.add(self)
-
-    def _on_frame(self, frame: bytes) -> None:
-        if self._task is not None and not self._task.done():
+    def on_message(self, request: pb.GenerateRequest) -> None:
+        if self.busy():
             self.abort()  # a second request while one runs: not an ingress of ours
             return
-        try:
-            request = pb.GenerateRequest.FromString(frame)
-        except DecodeError:
-            self.abort()
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run(request))
+        self.start("", self._run(request))
 
     async def _run(self, request: pb.GenerateRequest) -> None:
         chunks = self._serve(request)
         try:
             async for chunk in chunks:
-                self.send(chunk.SerializeToString())
+                self.send_message(chunk)
                 await self.drain()
         except ConnectionLost:
             pass  # the ingress left: closing the chunks below aborts the request
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
-
-    def _on_lost(self, _exc: Exception | None) -> None:
-        self._open.discard(self)
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
 
 
 class GenerateServer:
@@ -90,4 +74,4 @@ class GenerateServer:
         self._server = None
 
     def _busy(self) -> bool:
-        return any(c._task is not None and not c._task.done() for c in self._connections)
+        return any(c.busy() for c in self._connections)

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from common.frames import MAX_FRAME_BYTES, ConnectionLost, FrameConnection, connect, listen
+from common.frames import MAX_FRAME_BYTES, ConnectionLost, FrameConnection, MessageConnection, connect, listen
+from common.rpc import fairgate_pb2 as pb
 
 
 async def _pair() -> tuple[FrameConnection, FrameConnection, asyncio.Server]:
@@ -98,6 +99,65 @@ def test_drain_waits_while_the_peer_does_not_read():
         await task
         assert drained == 200
         client.close()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+STARTED: list[str] = []
+CANCELLED: list[str] = []
+
+
+async def _until(done, tries: int = 200) -> None:
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
+class _Echo(MessageConnection):
+    """Answers each SubmitRequest at once (its id as the key), or never for tenant ``forever``."""
+
+    incoming = pb.SubmitRequest
+
+    def on_message(self, request: pb.SubmitRequest) -> None:
+        self.start(request.request_id, self._answer(request))
+
+    async def _answer(self, request: pb.SubmitRequest) -> None:
+        STARTED.append(request.request_id)
+        try:
+            await asyncio.sleep(3600 if request.tenant == "forever" else 0.01)
+        except asyncio.CancelledError:
+            CANCELLED.append(request.request_id)
+            raise
+        self.send_message(pb.SubmitReply(request_id=request.request_id))
+
+
+def test_message_connections_parse_track_their_calls_and_cancel_them_when_the_peer_leaves():
+    """Both hops' message layer: replies come back as messages; a call asked again under its key
+    replaces the first; every call still running is cancelled when the peer goes, and the connection
+    leaves its server's registry; a frame that does not parse ends the connection."""
+
+    async def scenario():
+        registry: set[_Echo] = set()
+        server, address = await listen("127.0.0.1", lambda: _Echo(registry))
+        client = await connect(address, FrameConnection)
+        client.send_message(pb.SubmitRequest(request_id="a"))
+        assert (await client.next_message(pb.SubmitReply)).request_id == "a"
+        (conn,) = registry
+        client.send_message(pb.SubmitRequest(request_id="b", tenant="forever"))
+        await _until(lambda: STARTED == ["a", "b"])
+        client.send_message(pb.SubmitRequest(request_id="b", tenant="forever"))  # asked again: replaces
+        client.send_message(pb.SubmitRequest(request_id="c", tenant="forever"))
+        await _until(lambda: len(STARTED) == 4)
+        assert CANCELLED == ["b"] and set(conn.calls) == {"b", "c"} and conn.busy()
+        client.close()
+        await _until(lambda: not registry)
+        assert not registry and sorted(CANCELLED) == ["b", "b", "c"] and not conn.calls
+        other = await connect(address, FrameConnection)
+        other.send(b"\xff\xff not a message")
+        with pytest.raises(ConnectionLost):
+            await other.next_frame()
         server.close()
 
     asyncio.run(scenario())
