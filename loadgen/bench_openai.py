@@ -38,7 +38,7 @@ import httpx
 import yaml
 
 from common.loopback import FRONT_DOOR_ENV
-from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
+from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
 from loadgen.pausing import listening_process, paused
 from workers.engines import engine_for
 
@@ -67,7 +67,7 @@ class OpenAIBenchConfig:
     light_requests: int = 30
     short_concurrency: int = 16
     short_requests: int = 1200  # long enough to be more than its ramp and tail
-    engine_cpus: str = ""  # "": everything shares every core; else these cores run the engine's compute only
+    engine_cpus: frozenset[int] = frozenset()  # none: all share every core; else the engine's processes' cores
 
 
 @dataclass
@@ -175,7 +175,7 @@ def _client(api_key: str, connections: int) -> httpx.AsyncClient:
 async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
     """One pass of the three phases; the CPUs' busy shares are those of the loaded phase."""
     chat = _chat(config)
-    engine_cpus = parse_cpus(config.engine_cpus) if config.engine_cpus else set()
+    engine_cpus = config.engine_cpus
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
     kinds: collections.Counter[str] = collections.Counter()
@@ -283,10 +283,10 @@ def bench_openai(
     """The engine alone, up for the whole run, and each front door's gateway started beside it in turn.
     Both warm up first (one loaded pass each, not measured). Then ``rounds`` times, each of the two is
     measured while the other is paused (its whole process tree stopped), alone first in even rounds and
-    the gateway first in odd ones. Every pass has the machine
-    to itself, and a round's two passes are seconds apart: the machine's own drift (docs/speed.md)
-    falls out of each round's
-    ratio. Per arm the median of its rounds; per gateway arm the median of its rounds' ratios."""
+    the gateway first in odd ones. Every pass has the machine to itself, and a round's two passes are
+    seconds apart: the machine's own drift (docs/speed.md) falls out of each round's ratio. Per arm
+    the median of its rounds; per gateway arm the median of its rounds' ratios. With
+    ``config.engine_cpus``, both arms' processes are pinned before each pass (``loadgen.cpu_split``)."""
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
     pinned = (0, 0)
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}
@@ -329,7 +329,7 @@ def bench_openai(
     }
 
 
-def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., tuple[int, int]]:
+def _cpu_split(plugin: Any, engine_cpus: frozenset[int]) -> Callable[..., tuple[int, int]]:
     """What pins both arms' processes before each pass (nothing without ``engine_cpus``); it returns
     how many processes went to the engine's cores and to the rest."""
     if not engine_cpus:
@@ -337,10 +337,9 @@ def _cpu_split(plugin: Any, engine_cpus: str) -> Callable[..., tuple[int, int]]:
     titles = plugin.engine_process_titles
     if not titles:
         raise ValueError(f"the {plugin.name} engine runs inside its worker: it has no processes of its own to pin")
-    cpus = parse_cpus(engine_cpus)
 
     def pin(*roots: int) -> tuple[int, int]:
-        return split_cpus(roots, titles, cpus)
+        return split_cpus(roots, titles, set(engine_cpus))
 
     return pin
 

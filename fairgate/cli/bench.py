@@ -66,8 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ob.add_argument(
         "--engine-cpus",
         default="",
-        help="cores for the engine's compute alone, both arms (e.g. 1): the rest run every other process, "
-        "as a GPU host's cores run all but the model (default: all share every core)",
+        help="cores for the engine's own processes alone, both arms (e.g. 1): the rest run every other "
+        "process, as a GPU host's engine has its device and cores (default: all share every core)",
     )
     ob.add_argument("--concurrency", type=int, default=24, help="streams at once")
     ob.add_argument("--requests", type=int, default=480, help="streamed chat requests per arm and round")
@@ -305,12 +305,15 @@ def _openai(args: argparse.Namespace) -> int:
     config = OpenAIBenchConfig(args.engine, settings, model)
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
     config.short_requests, config.prompt_words = args.short_requests, max(0, args.prompt_words)
-    config.engine_cpus = args.engine_cpus
     if args.engine_cpus:
         from loadgen.cpu_split import parse_cpus
 
+        if not plugin.engine_process_titles:
+            raise UsageError(
+                f"--engine-cpus: the {args.engine} engine runs inside its worker, with no processes to pin"
+            )
         try:
-            parse_cpus(args.engine_cpus)
+            config.engine_cpus = frozenset(parse_cpus(args.engine_cpus))
         except ValueError as e:
             raise UsageError(f"--engine-cpus: {e}") from None
     rounds = max(1, args.rounds)
@@ -324,7 +327,7 @@ def _openai(args: argparse.Namespace) -> int:
     if args.engine_cpus:
         n = out["pinned_processes"]
         print(
-            f"engine compute on CPUs {args.engine_cpus} alone ({n['engine']} processes of both arms); every other "
+            f"engine processes on CPUs {args.engine_cpus} alone ({n['engine']} of both arms); every other "
             f"process ({n['host']}) on the rest"
         )
     print(
