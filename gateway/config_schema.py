@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from common.sections import (
     ConfigError,
+    M,
     OpenSection,
     Section,
     hash_key,
@@ -324,12 +325,17 @@ def _telemetry_env(raw: Any) -> Any:
     return raw
 
 
-def _classes(raw: Any) -> list[ClassConfig]:
+def _entries(model: type[M], raw: Any, name: str) -> list[M]:
+    """A list section (``tree``, ``classes``): each entry validated as ``model`` (absent: none)."""
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise ValueError("classes must be a list of {name, weight, tier, strict, ttft_s}")
-    classes = [validate_section(ClassConfig, c, f"classes[{i}]") for i, c in enumerate(raw)]
+        raise ValueError(f"{name} must be a list of {{{', '.join(model.model_fields)}}}")
+    return [validate_section(model, entry, f"{name}[{i}]") for i, entry in enumerate(raw)]
+
+
+def _classes(raw: Any) -> list[ClassConfig]:
+    classes = _entries(ClassConfig, raw, "classes")
     tiers = [c.tier or c.name for c in classes]
     if len(set(tiers)) != len(tiers):
         raise ValueError("classes: every class needs its own tier")
@@ -337,11 +343,7 @@ def _classes(raw: Any) -> list[ClassConfig]:
 
 
 def _tree(raw: Any) -> list[NodeConfig]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise ValueError("tree must be a list of {name, parent, weight}")
-    return [validate_section(NodeConfig, n, f"tree[{i}]") for i, n in enumerate(raw)]
+    return _entries(NodeConfig, raw, "tree")
 
 
 def _check_tree(tree: list[NodeConfig], tenants: list[TenantConfig], classes: list[ClassConfig], where: str) -> None:

@@ -55,16 +55,21 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return imports_in(path.read_text(), package)
 
 
-def imports_in(source: str, package: list[str]) -> list[tuple[int, str]]:
+def import_statements(source: str, package: list[str]) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(line, module, names imported from it: none for ``import module``) of every import."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
+            out += [(node.lineno, alias.name, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
-            out.append((node.lineno, module))
+            out.append((node.lineno, module, tuple(alias.name for alias in node.names)))
     return out
+
+
+def imports_in(source: str, package: list[str]) -> list[tuple[int, str]]:
+    return [(line, module) for line, module, _ in import_statements(source, package)]
 
 
 def project_files() -> list[Path]:
@@ -77,14 +82,9 @@ def file_imports(source: str, module: str, is_package: bool, modules: set[str]) 
     package's ``__init__`` first for everyone, so that edge is no one's choice and is left out)."""
     package = module.split(".") if is_package else module.split(".")[:-1]
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            named = ".".join([*base, *([node.module] if node.module else [])])
-            submodules = {f"{named}.{alias.name}" for alias in node.names} & modules
-            targets |= submodules if len(submodules) == len(node.names) else submodules | {named}
+    for _, named, names in import_statements(source, package):
+        submodules = {f"{named}.{name}" for name in names} & modules
+        targets |= submodules if names and len(submodules) == len(names) else submodules | {named}
     found = set()
     for target in targets:
         while target and target not in modules:
