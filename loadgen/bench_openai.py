@@ -67,7 +67,7 @@ class OpenAIBenchConfig:
     light_requests: int = 30
     short_concurrency: int = 16
     short_requests: int = 1200  # long enough to be more than its ramp and tail
-    engine_cpus: frozenset[int] = frozenset()  # none: all share every core; else the engine's processes' cores
+    engine_cpus: tuple[int, ...] = ()  # none: all share every core; else the engine's processes' cores
 
 
 @dataclass
@@ -175,7 +175,7 @@ def _client(api_key: str, connections: int) -> httpx.AsyncClient:
 async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> ArmResult:
     """One pass of the three phases; the CPUs' busy shares are those of the loaded phase."""
     chat = _chat(config)
-    engine_cpus = config.engine_cpus
+    engine_cpus = set(config.engine_cpus)
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
     kinds: collections.Counter[str] = collections.Counter()
@@ -329,7 +329,7 @@ def bench_openai(
     }
 
 
-def _cpu_split(plugin: Any, engine_cpus: frozenset[int]) -> Callable[..., tuple[int, int]]:
+def _cpu_split(plugin: Any, engine_cpus: tuple[int, ...]) -> Callable[..., tuple[int, int]]:
     """What pins both arms' processes before each pass (nothing without ``engine_cpus``); it returns
     how many processes went to the engine's cores and to the rest."""
     if not engine_cpus:

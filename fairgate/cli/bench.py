@@ -313,7 +313,7 @@ def _openai(args: argparse.Namespace) -> int:
                 f"--engine-cpus: the {args.engine} engine runs inside its worker, with no processes to pin"
             )
         try:
-            config.engine_cpus = frozenset(parse_cpus(args.engine_cpus))
+            config.engine_cpus = tuple(sorted(parse_cpus(args.engine_cpus)))
         except ValueError as e:
             raise UsageError(f"--engine-cpus: {e}") from None
     rounds = max(1, args.rounds)
