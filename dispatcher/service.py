@@ -156,6 +156,8 @@ class DispatcherService:
         except asyncio.CancelledError:
             if self._pending.pop(request_id, None) is not None:
                 self.scheduler.cancel(request_id)
+            elif future.done() and not future.cancelled() and future.exception() is None:
+                self.release(request_id)  # assigned just before the withdraw: no one will run it
             raise
 
     def _queue(

@@ -70,7 +70,10 @@ class AdminRoutes:
             action, name, key_hash, c.weight, c.cache_group, c.parent, c.classes
         )
         _raise_error(result)
-        self._keys.forget_tenant(name)
+        if action == "delete" or key_hash is not None:  # its old key is refused here from now on
+            self._keys.forget_tenant(name)
+        if key_hash is not None:  # its new key is known here at once, whatever floods the look-ups
+            self._keys.put(key_hash, name)
         return result
 
     async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:

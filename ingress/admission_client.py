@@ -16,6 +16,12 @@ from common.frames import ConnectionLost, MessageConnection, connect
 from common.rpc import fairgate_pb2 as pb
 from dispatcher.admission_service import INTERNAL_ERROR, ingress_token
 
+Abandoned = Callable[[pb.SubmitRequest], None]
+
+
+def _placed(reply: asyncio.Future[pb.SubmitReply]) -> bool:
+    return reply.done() and not reply.cancelled() and reply.exception() is None and not reply.result().rejected
+
 
 class DispatcherUnavailable(Exception):
     """The dispatcher did not come back within the wait."""
@@ -31,9 +37,10 @@ class _AdmissionLink(MessageConnection):
 
     incoming = pb.SubmitReply
 
-    def __init__(self) -> None:
+    def __init__(self, abandoned: Abandoned) -> None:
         super().__init__()
         self._waiting: dict[str, asyncio.Future[pb.SubmitReply]] = {}
+        self._abandoned = abandoned
 
     def on_message(self, reply: pb.SubmitReply) -> None:
         if not reply.request_id:  # the token was refused: every call on this connection fails
@@ -67,13 +74,18 @@ class _AdmissionLink(MessageConnection):
                 del self._waiting[rid]
                 if not self.closed:
                     self.send_message(pb.AdmissionFrame(withdraw=rid))
+            elif _placed(future):  # placed just before the client left: free it now
+                self._abandoned(request)
             raise
 
 
 class AdmissionClient:
-    def __init__(self, address: Callable[[], Awaitable[str]], secret: str, wait_s: float) -> None:
-        """``address``: asks the dispatcher actor where its endpoint is (waits out a restart itself)."""
+    def __init__(self, address: Callable[[], Awaitable[str]], secret: str, wait_s: float, abandoned: Abandoned) -> None:
+        """``address``: asks the dispatcher actor where its endpoint is (waits out a restart itself);
+        ``abandoned``: frees a request placed as its call was cancelled (the reply came, the caller
+        had left)."""
         self._address = address
+        self._abandoned = abandoned
         self._token = ingress_token(secret.encode())
         self._wait_s = wait_s
         self._link: _AdmissionLink | None = None
@@ -108,7 +120,7 @@ class AdmissionClient:
 
     async def _open(self) -> _AdmissionLink:
         address = await self._address()
-        link = await connect(address, _AdmissionLink)
+        link = await connect(address, lambda: _AdmissionLink(self._abandoned))
         link.send_message(pb.AdmissionFrame(token=self._token))
         self._link = link
         return link

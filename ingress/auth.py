@@ -1,8 +1,9 @@
 """Who is calling: the tenant owning an API key, or the admin.
 
 Keys are checked by their SHA-256 hash; the admin key is compared in constant time. An ingress replica
-asks the dispatcher (the one tenant registry) about keys it does not know (within a budget of look-ups a
-second, so random keys cannot flood the dispatcher) and keeps answers for a few seconds. A revoked key is
+asks the dispatcher (the one tenant registry) about keys it has never seen (within a budget of look-ups a
+second, so random keys cannot flood the dispatcher) and keeps answers for a few seconds; a known key's
+answer is renewed in the background, outside that budget, so random keys lock no one out. A revoked key is
 refused at once all the same: the dispatcher checks the key again when a request is submitted.
 """
 
@@ -27,42 +28,57 @@ def bearer_key(request: Request) -> str:
 
 
 KEY_CACHE_S = 5.0
-MAX_CACHED_KEYS = 100_000
-UNKNOWN_LOOKUPS_PER_S = 50.0  # dispatcher look-ups of keys not in the cache, per ingress replica
+MAX_UNKNOWN_KEYS = 100_000
+UNKNOWN_LOOKUPS_PER_S = 50.0  # dispatcher look-ups of keys never seen here, per ingress replica
 
 
 class KeyCache:
-    """Key hash -> tenant (None: unknown), each answer kept ``ttl_s``; least recently used first out
-    when full, so a flood of unknown keys pushes out other unknown keys, not the keys in use."""
+    """Key hash -> tenant, with the keys the dispatcher knows kept apart from those it refused.
 
-    def __init__(self, known: dict[str, str], ttl_s: float = KEY_CACHE_S, max_entries: int = MAX_CACHED_KEYS) -> None:
+    Random keys only ever push out other refused keys (least recently used first, at most
+    ``max_unknown``), and a known key's answer, once ``ttl_s`` old, is still used while it is renewed:
+    renewing it never waits for, nor spends, the budget that unknown keys drain. A revoked or rotated
+    key still runs nothing: the dispatcher checks the key again when a request is submitted.
+    """
+
+    def __init__(self, known: dict[str, str], ttl_s: float = KEY_CACHE_S, max_unknown: int = MAX_UNKNOWN_KEYS) -> None:
         self._ttl = ttl_s
-        self._max = max_entries
+        self._max_unknown = max_unknown
         now = time.monotonic()
-        self._entries: OrderedDict[str, tuple[str | None, float]] = OrderedDict(
-            (h, (name, now + ttl_s)) for h, name in known.items()
-        )
+        self._known: dict[str, tuple[str, float]] = {h: (name, now + ttl_s) for h, name in known.items()}
+        self._unknown: OrderedDict[str, float] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._known) + len(self._unknown)
 
-    def get(self, key_hash: str) -> tuple[bool, str | None]:
-        """(found, tenant): found is False when the dispatcher must be asked."""
-        entry = self._entries.get(key_hash)
-        if entry is None or entry[1] < time.monotonic():
-            return False, None
-        self._entries.move_to_end(key_hash)
-        return True, entry[0]
+    def get(self, key_hash: str, now: float | None = None) -> tuple[bool, str | None, bool]:
+        """(found, tenant, stale): found is False when the dispatcher must be asked; stale is True
+        for a known key whose answer should be renewed (it may still be used meanwhile)."""
+        now = time.monotonic() if now is None else now
+        known = self._known.get(key_hash)
+        if known is not None:
+            return True, known[0], known[1] < now
+        refused = self._unknown.get(key_hash)
+        if refused is None or refused < now:
+            return False, None, False
+        self._unknown.move_to_end(key_hash)
+        return True, None, False
 
-    def put(self, key_hash: str, tenant: str | None) -> None:
-        self._entries[key_hash] = (tenant, time.monotonic() + self._ttl)
-        self._entries.move_to_end(key_hash)
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+    def put(self, key_hash: str, tenant: str | None, now: float | None = None) -> None:
+        expires = (time.monotonic() if now is None else now) + self._ttl
+        if tenant is not None:
+            self._unknown.pop(key_hash, None)
+            self._known[key_hash] = (tenant, expires)
+            return
+        self._known.pop(key_hash, None)
+        self._unknown[key_hash] = expires
+        self._unknown.move_to_end(key_hash)
+        while len(self._unknown) > self._max_unknown:
+            self._unknown.popitem(last=False)
 
     def forget_tenant(self, tenant: str) -> None:
-        for h in [h for h, (name, _) in self._entries.items() if name == tenant]:
-            del self._entries[h]
+        for h in [h for h, (name, _) in self._known.items() if name == tenant]:
+            del self._known[h]
 
 
 class LookupBudget:

@@ -78,9 +78,15 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._lookups = LookupBudget()
+        self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
         self._admin_key_hash = gateway.get("admin_key_hash", "")
         self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, gateway, secret), DISPATCHER_WAIT_S)
-        self._admission = AdmissionClient(self._dispatcher.admission_address, secret, DISPATCHER_WAIT_S)
+        self._admission = AdmissionClient(
+            self._dispatcher.admission_address,
+            secret,
+            DISPATCHER_WAIT_S,
+            abandoned=lambda request: self._dispatcher.release(request.request_id, request.model),
+        )
         self._connections = WorkerConnections()
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
@@ -355,13 +361,23 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
     async def _owner(self, key: str) -> str | None:
         """The tenant an API key belongs to (the dispatcher's registry, cached for a few seconds)."""
         key_hash = hash_key(key)
-        found, tenant = self._keys.get(key_hash)
+        found, tenant, stale = self._keys.get(key_hash)
+        if stale and key_hash not in self._renewing:  # used as it is while renewed, outside the budget
+            self._renewing[key_hash] = asyncio.create_task(self._renew_key(key_hash))
         if not found:
             if not self._lookups.take():  # a flood of unknown keys: refused here, the dispatcher spared
                 return None
             tenant = await self._dispatcher.lookup_key(key_hash)
             self._keys.put(key_hash, tenant)
         return tenant
+
+    async def _renew_key(self, key_hash: str) -> None:
+        try:
+            self._keys.put(key_hash, await self._dispatcher.lookup_key(key_hash))
+        except Exception:  # the dispatcher restarting: the next request tries again
+            log.warning("ingress: renewing a key's answer failed", exc_info=True)
+        finally:
+            del self._renewing[key_hash]
 
     async def _admin(self, request: Request) -> None:
         key = bearer_key(request)

@@ -224,7 +224,9 @@ class Simulation:
             if self.config.front == "round-robin":
                 engine = self.engines[self._turn % len(self.engines)]
                 self._turn += 1
-                engine.add(self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix))
+                engine_req = self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix)
+                engine_req.client_leaves = r.leaves
+                engine.add(engine_req)
                 continue
             reason = sched.submit(
                 rid,
@@ -247,6 +249,7 @@ class Simulation:
             prefix = requests[int(req.id)].prefix if block else ()
             engine_req = self._engine_request(req.id, req.prompt_tokens, req.max_tokens, req.true_output, prefix)
             engine_req.priority = req.priority
+            engine_req.client_leaves = requests[int(req.id)].leaves
             self._engine_of[a.worker_id].add(engine_req)
         for req, _ in self.scheduler.take_dropped():
             self.recorder.on_reject(req.id, self.now, False)

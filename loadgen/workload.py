@@ -28,6 +28,7 @@ class TraceRequest:
     max_tokens: int | None = None
     prefix: tuple[int, ...] = ()
     klass: str = ""  # its request class ("": the default)
+    leaves: bool = False  # its client goes away after ``output_tokens``, before it ends by itself
 
 
 @dataclass

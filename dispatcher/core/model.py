@@ -90,6 +90,7 @@ class Tenant:
     cached_tokens: int = 0
     parent: str = ""
     ancestors: tuple[Any, ...] = ()  # TreeNode records, nearest first (kept by the tree, not saved)
+    outgrown: int = 0  # the most output any of its requests in flight reached past its footprint
 
     def state(self) -> dict[str, Any]:
         return {
@@ -107,6 +108,7 @@ class Tenant:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "parent": self.parent,
+            "outgrown": self.outgrown,
         }
 
     @classmethod
@@ -128,4 +130,5 @@ class Tenant:
             prompt_tokens=int(data.get("prompt_tokens", 0)),
             cached_tokens=int(data.get("cached_tokens", 0)),
             parent=str(data.get("parent", "")),
+            outgrown=int(data.get("outgrown", 0)),
         )

@@ -225,10 +225,11 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
     # --------------------------------------------------------------- internals
 
     def _footprint(self, req: Request) -> int:
-        """The KV ``req`` is expected to reach: its prompt and its tenant's usual output."""
+        """The KV ``req`` is expected to reach: its prompt and its tenant's usual output, at least what
+        its requests in flight already reached."""
         guess = self.lengths.predict(req.tenant, req.max_tokens, None)  # 0: nothing known yet
         output = min(req.max_tokens, math.ceil(guess * FOOTPRINT_HEADROOM)) if guess else req.max_tokens
-        return req.prompt_tokens + output
+        return req.prompt_tokens + min(req.max_tokens, max(output, self.tenants[req.tenant].outgrown))
 
     def _key_if_waiting(self, t: Tenant) -> float | None:
         return self._key(t.name) if t.queue else None

@@ -44,6 +44,8 @@ class Settlement:
             t.output_tokens += k
             n_p, old, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             new = old + k
+            if n_p + new > req.footprint:  # it outgrew what was expected of it
+                self._outgrow(req, t, n_p + new)
             if charged == old:  # nothing charged ahead: the counter moves with the service
                 ledger.account(t, ((n_p, old), (n_p, new)))
                 req.output_tokens = req.charged_output = new
@@ -78,12 +80,23 @@ class Settlement:
         self._release(req)
         t.in_flight -= 1
         t.finished += 1
+        if not t.in_flight:
+            t.outgrown = 0
         self._rekey_if_lower(t, before)
-        if reason in ("stop", "length"):
+        if req.started:  # an aborted request teaches too: what it generated is what it used
             self.policy.observe(req.tenant, req.output_tokens)
-        if req.started:  # an aborted request teaches it too: a footprint is what requests use
             self.lengths.observe(req.tenant, req.output_tokens)
         return req
+
+    def _outgrow(self, req: Request, t: Tenant, reached: int) -> None:
+        """A request in flight went past its footprint: its worker's expected KV grows with it, and the
+        tenant's next requests are expected to reach at least as far (a tenant teaching the estimate
+        short outputs, then sending long ones, is caught as they run, not when they end)."""
+        slot = self.workers.slots.get(req.worker or "")
+        if slot is not None:
+            slot.expected += reached - req.footprint
+        req.footprint = reached
+        t.outgrown = max(t.outgrown, reached - req.prompt_tokens)
 
     def _mark_started(self, req: Request, prompt_tokens: int, cached: int | None = None) -> None:
         req.started = True

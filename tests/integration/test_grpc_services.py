@@ -306,6 +306,37 @@ def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
     asyncio.run(scenario())
 
 
+def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignment_at_once():
+    """The waiting call is assigned and cancelled in the same turn of the loop (the ingress withdrew,
+    or its connection broke, as the assignment was made): the placement is freed now, not when its
+    ticket expires."""
+
+    async def scenario():
+        service = DispatcherService(SchedulerConfig(max_engine_waiting=0), SECRET, ticket_ttl_s=30.0)
+        address = await service.start()
+        worker = Worker("w0", address, SECRET, SimulatedRunner(SimulatedEngine(100, FAST)))
+        await worker.start()
+        while not len(service.scheduler.workers):
+            await asyncio.sleep(0.01)
+        await service.submit("first", "A", 50, 40)
+        waiting = asyncio.create_task(service.submit("raced", "B", 50, 40))  # no room beside the first
+        while not service.scheduler.is_queued("raced"):
+            await asyncio.sleep(0.01)
+        service.release("first")  # assigns the waiting request ...
+        assert "raced" in service.scheduler.in_flight()
+        waiting.cancel()  # ... and its call is withdrawn before it resumes
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert "raced" not in service.scheduler.in_flight()
+        assert service.scheduler.tenants["B"].service == 0  # refunded: it never ran
+        placement = await asyncio.wait_for(service.submit("next", "C", 50, 40), 2.0)  # its room is free
+        assert placement.request_id == "next"
+        await worker.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
 def test_only_a_worker_holding_the_cluster_secret_can_attach():
     async def scenario():
         service = DispatcherService(SchedulerConfig(), SECRET)
@@ -660,7 +691,7 @@ async def _admission_token_and_placement():
     async def where() -> str:
         return address
 
-    client = AdmissionClient(where, SECRET.decode(), wait_s=5.0)
+    client = AdmissionClient(where, SECRET.decode(), wait_s=5.0, abandoned=lambda r: None)
     try:
         request = pb.SubmitRequest(request_id="r1", tenant="alice", prompt_tokens=7, max_tokens=9, key_hash="h")
         request.prefix.extend([3, 2**62])
@@ -703,7 +734,7 @@ async def _admission_cancel_and_restart():
     async def where() -> str:
         return addresses[-1]
 
-    client = AdmissionClient(where, SECRET.decode(), wait_s=10.0)
+    client = AdmissionClient(where, SECRET.decode(), wait_s=10.0, abandoned=lambda r: None)
     submits.block.clear()
     queued = asyncio.create_task(client.submit(pb.SubmitRequest(request_id="gone", tenant="alice")))
     while not submits.calls:
@@ -728,6 +759,46 @@ async def _admission_cancel_and_restart():
         assert submits.calls[-1][0] == "r1" and submits.calls[-1][4] is True  # asked again as a retry
     finally:
         await restarted.stop()
-    gone = AdmissionClient(where, SECRET.decode(), wait_s=0.3)
+    gone = AdmissionClient(where, SECRET.decode(), wait_s=0.3, abandoned=lambda r: None)
     with pytest.raises(DispatcherUnavailable):  # no dispatcher comes back: the caller answers 503
         await gone.submit(pb.SubmitRequest(request_id="r2", tenant="alice"))
+
+
+def test_an_ingress_call_cancelled_as_its_placement_arrives_frees_the_placement():
+    asyncio.run(_admission_reply_then_cancel())
+
+
+async def _admission_reply_then_cancel():
+    """The client leaves in the same turn of the loop as the placement arrives: the call never
+    resumes to use it, so the client hands it back (the ingress releases it at the dispatcher)."""
+    from dispatcher.admission_service import AdmissionServer
+    from ingress import admission_client
+
+    submits = _Submits()
+    server = AdmissionServer(submits, SECRET)
+    address = await server.start("127.0.0.1")
+
+    async def where() -> str:
+        return address
+
+    abandoned: list[str] = []
+    client = admission_client.AdmissionClient(where, SECRET.decode(), 5.0, lambda r: abandoned.append(r.request_id))
+    answered = admission_client._AdmissionLink.on_message
+    calls: list[asyncio.Task] = []
+
+    def placed_then_left(link, reply):
+        answered(link, reply)
+        if reply.request_id == "raced":
+            calls[0].cancel()
+
+    try:
+        await client.submit(pb.SubmitRequest(request_id="served", tenant="alice"))  # one link, used as usual
+        admission_client._AdmissionLink.on_message = placed_then_left
+        calls.append(asyncio.create_task(client.submit(pb.SubmitRequest(request_id="raced", tenant="alice"))))
+        with pytest.raises(asyncio.CancelledError):
+            await calls[0]
+        assert abandoned == ["raced"]
+    finally:
+        admission_client._AdmissionLink.on_message = answered
+        await client.close()
+        await server.stop()

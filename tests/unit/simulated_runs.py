@@ -17,29 +17,38 @@ requests_strategy = st.lists(
         st.floats(0, 20, allow_nan=False),  # arrival
         st.integers(1, 300),  # prompt
         st.integers(1, 300),  # output
+        st.booleans(),  # its client leaves after that output, from a max_tokens twice as large
     ),
     min_size=2,
     max_size=70,
 )
 
 # An adversary: one tenant floods with the longest prompts at once, another trickles tiny requests.
-FLOOD = [(0, 0.0, 300, 300)] * 20 + [(1, 0.1 * i, 1, 1) for i in range(40)]
+FLOOD = [(0, 0.0, 300, 300, False)] * 20 + [(1, 0.1 * i, 1, 1, False) for i in range(40)]
 # Bursts from three tenants at the same instants, lengths at the extremes.
-BURSTS = [(i % 3, float(i // 9) * 3.0, 1 if i % 2 else 300, 300 if i % 2 else 1) for i in range(60)]
+BURSTS = [(i % 3, float(i // 9) * 3.0, 1 if i % 2 else 300, 300 if i % 2 else 1, False) for i in range(60)]
+# A tenant whose clients leave its long requests before they end, beside a steady one; and the same
+# tenant first teaching short outputs with twenty 1-token answers.
+LEAVER = [(0, 1.0 + 0.2 * i, 8, 280, True) for i in range(30)] + [(1, 0.5 * i, 120, 120, False) for i in range(40)]
+POISON = [(0, 0.0, 4, 1, False)] * 20 + LEAVER
 
 
 PREFIX_BLOCK = 16
 
 
 def workload_of(rows, weights=(1.0, 1.0, 1.0), prefixed: bool = False) -> Workload:
-    """``prefixed``: each prompt carries block hashes of one of two conversations of its tenant
+    """Rows: (tenant, arrival, prompt, output), and optionally whether its client leaves after that
+    output (from a ``max_tokens`` twice as large). ``prefixed``: each prompt carries block hashes of one of two conversations of its tenant
     (by its length's parity), so prefix caches, cache-aware cost and locality slack come into play."""
 
     def prefix(t: int, p: int) -> tuple[int, ...]:
         return tuple((t * 10 + p % 2) * 1000 + i for i in range(p // PREFIX_BLOCK)) if prefixed else ()
 
     reqs = sorted(
-        (TraceRequest(f"T{t}", a, p, o, None, prefix(t, p)) for t, a, p, o in rows),
+        (
+            TraceRequest(f"T{t}", a, p, o, 2 * o if leaves else None, prefix(t, p), leaves=leaves)
+            for t, a, p, o, leaves in ((*row, False)[:5] for row in rows)
+        ),
         key=lambda r: (r.arrival_s, r.tenant),
     )
     block = PREFIX_BLOCK if prefixed else 0

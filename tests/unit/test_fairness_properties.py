@@ -89,7 +89,7 @@ def test_lift_rule_on_every_rejoin(ops):
 
 
 def test_the_bound_check_has_teeth_fcfs_breaks_it():
-    workload = workload_of(FLOOD + [(0, 0.05, 300, 300)] * 10)
+    workload = workload_of(FLOOD + [(0, 0.05, 300, 300, False)] * 10)
     sim = run(workload, "fcfs")
     bound = two_u(LinearCost(), *workload.longest(), POOL)
     assert max(brute_force_max_gap(sim).values()) > bound

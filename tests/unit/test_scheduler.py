@@ -217,6 +217,43 @@ def test_moving_average_predictor_learns_per_tenant():
     assert req.predicted == 40
 
 
+def test_an_aborted_request_teaches_the_predictors_what_it_generated():
+    """A tenant cannot keep its predictions short by leaving its long requests before they end: what
+    a started request generated teaches the policy's predictor and the footprint estimate alike."""
+    s = make("vtc-predict")
+    s.worker_join("w", kv_tokens=100_000)
+    for i in range(20):  # twenty 1-token answers teach "short"
+        s.submit(f"short{i}", "A", 10, 1000, 0.0)
+        run = s.assign(0.0)[0].request
+        s.on_report("w", {run.id: 1}, started={run.id: 10})
+        s.on_finish(run.id, 1, "stop", 0.0)
+    for i in range(20):  # then long ones, each left by its client after 500 tokens
+        s.submit(f"long{i}", "A", 10, 1000, 0.0)
+        run = s.assign(0.0)[0].request
+        s.on_report("w", {run.id: 500}, started={run.id: 10})
+        s.on_finish(run.id, 500, "abort", 0.0)
+    s.submit("next", "A", 10, 1000, 0.0)
+    req = s.assign(0.0)[0].request
+    assert req.predicted == 500 and req.footprint == 10 + 750
+
+
+def test_a_request_outgrowing_its_footprint_raises_its_workers_expected_kv_and_its_tenants_next():
+    s = make()
+    s.worker_join("w", kv_tokens=10_000)
+    s.lengths.observe("A", 4)  # A's requests are expected to stop after 6 tokens
+    s.submit("r", "A", 100, 2000, 0.0)
+    s.assign(0.0)
+    assert s.workers["w"].expected == 106
+    s.on_report("w", {"r": 300}, started={"r": 100})
+    assert s.in_flight()["r"].footprint == 400 and s.workers["w"].expected == 400
+    s.submit("next", "A", 50, 2000, 0.0)
+    s.assign(0.0)
+    assert s.in_flight()["next"].footprint == 50 + 300  # at least what A's running request reached
+    s.on_finish("r", 300, "stop", 0.0)
+    s.on_finish("next", 0, "abort", 0.0)
+    assert s.workers["w"].expected == 0 and s.tenants["A"].outgrown == 0
+
+
 def test_exact_prompt_count_from_the_engine_replaces_the_estimate():
     s = one_running(100, 10, tokens=1, exact_prompt=120)
     assert s.tenants["A"].service == pytest.approx(120 + 2)

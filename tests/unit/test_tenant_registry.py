@@ -13,14 +13,30 @@ def test_a_tenant_name_must_be_a_plain_name_from_end_to_end(name):
     assert err.value.status == 400
 
 
-def test_a_full_key_cache_forgets_its_oldest_entries_not_every_valid_key():
-    cache = KeyCache({"h-valid": "alice"}, max_entries=100)
-    assert cache.get("h-valid") == (True, "alice")
-    for i in range(1000):  # a flood of unknown keys
-        cache.put(f"h-unknown-{i}", None)
-        cache.get("h-valid")  # alice keeps using hers: it stays
-    assert cache.get("h-valid") == (True, "alice")
-    assert len(cache) == 100
+def test_a_flood_of_unknown_keys_pushes_out_only_other_unknown_keys():
+    cache = KeyCache({"h-valid": "alice"}, max_unknown=100)
+    for i in range(1000):  # a flood of unknown keys, alice idle all along
+        cache.put(f"h-unknown-{i}", None, now=0.0)
+    assert cache.get("h-valid", now=0.0) == (True, "alice", False)
+    assert cache.get("h-unknown-999", now=0.0) == (True, None, False)
+    assert cache.get("h-unknown-0", now=0.0) == (False, None, False)  # the oldest refused keys went
+    assert len(cache) == 101
+
+
+def test_a_known_key_past_its_time_is_used_while_it_is_renewed():
+    """Renewal never waits for the unknown-key budget: an expired known answer stays usable (stale),
+    while an expired refusal must be asked again."""
+    cache = KeyCache({}, ttl_s=5.0)
+    cache.put("h-valid", "alice", now=0.0)
+    cache.put("h-bad", None, now=0.0)
+    assert cache.get("h-valid", now=1.0) == (True, "alice", False)
+    assert cache.get("h-valid", now=6.0) == (True, "alice", True)
+    assert cache.get("h-bad", now=6.0) == (False, None, False)
+    cache.put("h-valid", None, now=6.0)  # revoked: the renewal says so, and it is refused from then on
+    assert cache.get("h-valid", now=7.0) == (True, None, False)
+    cache.put("h-valid", "bob", now=7.0)
+    cache.forget_tenant("bob")
+    assert cache.get("h-valid", now=7.0) == (False, None, False)
 
 
 def test_unknown_keys_cost_at_most_the_budget_of_dispatcher_lookups():

@@ -52,6 +52,7 @@ class EngineRequest:
     shared: list[int] = field(default_factory=list)  # cached blocks' hashes it holds a reference on
     priority: int = 0  # larger: preempted first under ``preempt_by="priority"`` (vLLM's convention)
     order: int = 0  # when it was added: "newest" among equal priorities
+    client_leaves: bool = False  # its client goes away at ``target_output`` tokens: it ends as "abort"
 
     @property
     def context(self) -> int:
@@ -188,6 +189,8 @@ class SimulatedEngine:
                 self._forget(req, "abort", report.finished)
             elif req.generated >= req.target_output or req.generated >= req.max_tokens:
                 reason = "length" if req.generated >= req.max_tokens else "stop"
+                if req.client_leaves and req.generated >= req.target_output:
+                    reason = "abort"
                 self._forget(req, reason, report.finished)
             else:
                 still.append(req)
