@@ -6,6 +6,10 @@ other tenants' requests are placed at once, and a stream already running is neve
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
+import subprocess
+import sys
 
 import openai
 import pytest
@@ -60,3 +64,45 @@ def test_a_hostile_burst_gets_4xx_holds_nothing_and_breaks_no_other_stream(gw):
     assert finish == "length" and pieces > 100  # never cut short by mallory's failures
     stats = gw.stats()
     assert stats["tenants"]["mallory"]["rejected"] == 0  # refused at the door: the dispatcher never saw them
+
+
+FLOOD_RATE, FLOOD_S, TENANT_RATE = 5_000.0, 60.0, 20.0
+
+
+def test_a_flood_of_random_keys_locks_no_tenant_out(gw):
+    """5,000 random keys a second for a minute against the one ingress replica, from another process,
+    while a real tenant sends 20 requests a second: the tenant gets no 401 (its key's answer is renewed
+    every 5 s outside the budget the random keys drain), and the flood gets only 401s."""
+    address = gw.base_url.removeprefix("http://").removesuffix("/v1")
+    flooder = subprocess.Popen(
+        [sys.executable, "-m", "tests.e2e.key_flood", address, str(FLOOD_RATE), str(FLOOD_S)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    bob = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys["bob"], max_retries=0, timeout=120)
+
+    async def one() -> int:
+        try:
+            await bob.completions.create(model=gw.config.model, prompt="hi", max_tokens=2)
+            return 200
+        except openai.APIStatusError as exc:
+            return exc.status_code
+        except openai.APIConnectionError:
+            return 0
+
+    async def tenant() -> list[int]:
+        await asyncio.sleep(2.0)  # the flood is on
+        calls = []
+        for _ in range(int((FLOOD_S - 4.0) * TENANT_RATE)):
+            calls.append(asyncio.create_task(one()))
+            await asyncio.sleep(1.0 / TENANT_RATE)
+        return list(await asyncio.gather(*calls))
+
+    statuses = asyncio.run(tenant())
+    out, _ = flooder.communicate(timeout=FLOOD_S + 60)
+    flood = json.loads(out)
+    print(f"random keys: {flood['rate']:.0f}/s, answers {flood['statuses']}; tenant: {collections.Counter(statuses)}")
+    assert 401 not in statuses, collections.Counter(statuses)
+    assert statuses.count(200) == len(statuses), collections.Counter(statuses)
+    assert set(flood["statuses"]) == {"401"}, flood
+    assert flood["rate"] >= 1_000  # 20x the look-up budget at least, whatever the machine's speed
