@@ -377,6 +377,20 @@ def dispatcher_name(app: str) -> str:
 DISPATCHER_RESOURCE_ENV = "FAIRGATE_DISPATCHER_RESOURCE"
 
 
+async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5):
+    """The app's dispatcher once some ingress replica has created it: what a worker replica uses, so
+    that workers are never given the settings it is created from (the state store's address and
+    password, the tenants' key hashes)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return ray.get_actor(dispatcher_name(app), namespace="fairgate")
+        except ValueError:  # not created yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no dispatcher for {app!r} after {wait_s:.0f} s") from None
+            await asyncio.sleep(poll_s)
+
+
 def get_or_create_dispatcher(app: str, gateway: dict[str, Any], secret: str):
     """The app's dispatcher (``gateway``: the gateway's plain configuration, or ``dispatcher_settings``).
     Ray restarts it whenever its process dies."""

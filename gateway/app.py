@@ -13,7 +13,6 @@ import ray
 from ray import serve
 
 from common.loopback import front_door, ray_environment
-from dispatcher.actor import dispatcher_settings
 from gateway.config_schema import GatewayConfig, WorkerSettings
 from ingress.deployment import Ingress
 from workers.autoscaling import POLICY_PATH
@@ -30,9 +29,7 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
         workers = g["models"][i]["workers"]
         options = worker_options(app_name, m.workers, m.name) | {"name": worker_deployment_name(i, m.name)}
         pools.append(
-            WorkerReplica.options(**options).bind(
-                app_name, dispatcher_settings(g), {**workers, "telemetry": g["telemetry"]}, secret, m.name
-            )
+            WorkerReplica.options(**options).bind(app_name, {**workers, "telemetry": g["telemetry"]}, secret, m.name)
         )
     ingress = Ingress.options(num_replicas=config.ingress.replicas)
     return ingress.bind(app_name, ingress_view(g), secret, pools, listen)

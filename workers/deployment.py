@@ -9,10 +9,11 @@ import os
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayActorError
 
 from common.loopback import bind_host
 from common.tracing import configure_tracing, finished_spans
-from dispatcher.actor import get_or_create_dispatcher
+from dispatcher.actor import find_dispatcher
 from workers.engines import engine_for
 from workers.worker import Worker
 
@@ -25,15 +26,19 @@ from workers.worker import Worker
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class WorkerReplica:
-    async def __init__(
-        self, app: str, dispatcher: dict[str, Any], workers: dict[str, Any], secret: str, model: str | None = None
-    ) -> None:
+    async def __init__(self, app: str, workers: dict[str, Any], secret: str, model: str | None = None) -> None:
+        """The dispatcher is found by name, never created here: a worker is not given its settings."""
         configure_tracing(workers.get("telemetry"), "fairgate-worker")
-        actor = get_or_create_dispatcher(app, dispatcher, secret)
+        actor = await find_dispatcher(app)
         await actor.address.remote(model)
 
         async def locate() -> str:  # asked again after every lost stream: a restarted dispatcher moves
-            return await actor.address.remote(model)
+            nonlocal actor
+            try:
+                return await actor.address.remote(model)
+            except RayActorError:  # gone for good: an ingress replica creates the next one
+                actor = await find_dispatcher(app)
+                return await actor.address.remote(model)
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
         runner = engine_for(workers["engine"]).runner(workers["settings"], model)
