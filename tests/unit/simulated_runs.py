@@ -38,8 +38,9 @@ PREFIX_BLOCK = 16
 
 def workload_of(rows, weights=(1.0, 1.0, 1.0), prefixed: bool = False) -> Workload:
     """Rows: (tenant, arrival, prompt, output), and optionally whether its client leaves after that
-    output (from a ``max_tokens`` twice as large). ``prefixed``: each prompt carries block hashes of one of two conversations of its tenant
-    (by its length's parity), so prefix caches, cache-aware cost and locality slack come into play."""
+    output (from a ``max_tokens`` twice as large). ``prefixed``: each prompt carries block hashes of
+    one of two conversations of its tenant (by its length's parity), so prefix caches, cache-aware
+    cost and locality slack come into play."""
 
     def prefix(t: int, p: int) -> tuple[int, ...]:
         return tuple((t * 10 + p % 2) * 1000 + i for i in range(p // PREFIX_BLOCK)) if prefixed else ()
