@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from common.frame_guard import ClientHandshake, Guard, ListenerGate
+
 M = TypeVar("M", bound=Message)
+F = TypeVar("F", bound="FrameConnection")
 
 MAX_FRAME_BYTES = 256 << 20  # a frame longer than this is a broken or hostile peer: the connection closes
 _HEADER = 4
+HANDSHAKE_S = 10.0  # how long a connecting side waits for the listener's nonce
 
 
 class ConnectionLost(ConnectionError):
@@ -54,27 +59,45 @@ class FrameConnection(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
         self._lost: Exception | None = None
         self._unsent: list[bytes] = []  # frames sent during this turn of the event loop, written at its end
+        self._closing = False  # closed by this side: nothing more is read or delivered
+        self.limit = MAX_FRAME_BYTES  # the longest frame taken (a listener's gate lowers it)
+        self.gate: Callable[[bytes], None] | None = None  # the handshake, while it takes the frames
+        self.last_frame_at = time.monotonic()
+        self.listener: ListenerGate | None = None  # set on a listener's connections
+        self.hello_key: bytes | None = None  # set on a connecting side: it answers the listener's nonce
+        self.handshake: ClientHandshake | None = None
+        self._refusal: Exception | None = None
 
     # ------------------------------------------------------------------ protocol callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.listener is not None:
+            self.listener.admit(self)
+        elif self.hello_key is not None:
+            self.handshake = ClientHandshake(self, self.hello_key)
 
     def data_received(self, data: bytes) -> None:
+        if self._closing or self.closed:
+            return
         buffer = self._buffer
         buffer += data
         start, end = 0, len(buffer)
         while end - start >= _HEADER:
             size = int.from_bytes(buffer[start : start + _HEADER], "big")
-            if size > MAX_FRAME_BYTES:
+            if size > self.limit:
                 self.abort()
                 return
             if end - start - _HEADER < size:
                 break
             frame = bytes(buffer[start + _HEADER : start + _HEADER + size])
             start += _HEADER + size
-            self._deliver(frame)
-            if self.closed:
+            self.last_frame_at = time.monotonic()
+            if self.gate is not None:
+                self.gate(frame)
+            else:
+                self._deliver(frame)
+            if self.closed or self._closing:
                 return
         if start:
             del buffer[:start]
@@ -86,12 +109,17 @@ class FrameConnection(asyncio.Protocol):
         if self.closed and self._lost is not None:
             return
         self.closed = True
-        self._lost = ConnectionLost(str(exc) if exc else "the connection was closed")
+        self._lost = self._refusal or ConnectionLost(str(exc) if exc else "the connection was closed")
+        self._buffer = bytearray()
+        if self.listener is not None:
+            self.listener.forget(self)
+        if self.handshake is not None:
+            self.handshake.lost(self._lost)
         for waiter in (self._reader, self._writable):
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
         if self.on_lost is not None:
-            self.on_lost(exc)
+            self.on_lost(self._refusal or exc)
 
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
@@ -153,10 +181,21 @@ class FrameConnection(asyncio.Protocol):
             raise self._lost or ConnectionLost("the connection was closed")
 
     def close(self) -> None:
-        """Close after what was sent (the frames of this turn included)."""
+        """Close after what was sent (the frames of this turn included); nothing received after this
+        is read or delivered."""
+        self._closing = True
         if self.transport is not None and not self.closed:
             self._write()
             self.transport.close()
+
+    def refuse(self, reason: Exception) -> None:
+        """End the connection with ``reason`` as what its users see (the handshake was refused)."""
+        self._refusal = reason
+        self.abort()
+
+    def holds_work(self) -> bool:
+        """Whether something runs for this connection (a listener never closes it as idle then)."""
+        return False
 
     def abort(self) -> None:
         """Close at once, dropping what is not sent (a peer that must learn the request is gone)."""
@@ -204,6 +243,9 @@ class MessageConnection(FrameConnection):
     def busy(self) -> bool:
         return any(not call.done() for call in self.calls.values())
 
+    def holds_work(self) -> bool:
+        return self.busy()
+
     async def _tracked(self, key: str, call: Coroutine[Any, Any, None]) -> None:
         try:
             await call
@@ -228,15 +270,42 @@ class MessageConnection(FrameConnection):
         self.on_ended(exc)
 
 
-async def connect(address: str, protocol: Callable[[], FrameConnection]) -> FrameConnection:
-    """A connection to ``host:port``; ``OSError`` when no one listens there."""
+async def connect(address: str, protocol: Callable[[], F], key: bytes, timeout_s: float = HANDSHAKE_S) -> F:
+    """A connection to ``host:port`` whose hello (signed with ``key``: ``common/frame_guard.py``) is
+    sent: frames may follow at once. ``OSError`` when no one listens there, ``ConnectionLost`` when the
+    listener ends it first (``HandshakeRefused`` when it refused the hello)."""
     host, _, port = address.rpartition(":")
-    _, conn = await asyncio.get_running_loop().create_connection(protocol, host.strip("[]"), int(port))
+
+    def made() -> F:
+        conn = protocol()
+        conn.hello_key = key
+        return conn
+
+    _, conn = await asyncio.get_running_loop().create_connection(made, host.strip("[]"), int(port))
+    assert conn.handshake is not None
+    try:
+        await asyncio.wait_for(asyncio.shield(conn.handshake.ready), timeout_s)
+    except TimeoutError:
+        conn.abort()
+        raise ConnectionLost(f"{address} sent no handshake within {timeout_s:.0f} s") from None
+    except BaseException:
+        conn.abort()
+        raise
     return conn
 
 
-async def listen(host: str, protocol: Callable[[], asyncio.Protocol], port: int = 0) -> tuple[asyncio.Server, str]:
-    """A server on ``host:port`` (0: any free port); returns it and the address it listens on."""
-    server = await asyncio.get_running_loop().create_server(protocol, host, port)
+async def listen(
+    host: str, protocol: Callable[[], FrameConnection], guard: Guard, port: int = 0
+) -> tuple[asyncio.Server, str, ListenerGate]:
+    """A server on ``host:port`` (0: any free port) whose connections must pass ``guard``; returns
+    it, the address it listens on and its gate."""
+    gate = ListenerGate(guard)
+
+    def made() -> FrameConnection:
+        conn = protocol()
+        conn.listener = gate
+        return conn
+
+    server = await asyncio.get_running_loop().create_server(made, host, port)
     bound = server.sockets[0].getsockname()[1]
-    return server, f"{host}:{bound}"
+    return server, f"{host}:{bound}", gate

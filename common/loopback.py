@@ -154,3 +154,9 @@ def bind_serve_to_loopback() -> None:
 
     loopback_only._fairgate_loopback = True  # type: ignore[attr-defined]
     replica.add_port_to_grpc_server = loopback_only
+
+
+def pool_port(base: int, index: int) -> int:
+    """The port of model pool ``index``'s endpoint: any free one when ``base`` is 0, else ``base`` +
+    ``index`` (fixed ports, for NetworkPolicies)."""
+    return base + index if base else 0

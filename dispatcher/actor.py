@@ -19,7 +19,8 @@ from typing import Any
 
 import ray
 
-from common.loopback import bind_host
+from common.frame_guard import frame_limit
+from common.loopback import bind_host, pool_port
 from common.prefix_hashes import salted
 from common.rpc import fairgate_pb2 as pb
 from dispatcher.admission_service import AdmissionServer, submit_args
@@ -37,6 +38,9 @@ MAX_PENDING_CALLS = 100_000
 FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-announced its requests
 
 
+DEFAULT_BODY_BYTES = 1 << 20  # the ingress's default largest body, for settings made without one
+
+
 def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
     """The part of the gateway configuration the dispatcher is created from."""
     models = gateway.get("models") or [gateway.get("model", "")]
@@ -48,6 +52,8 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "classes": gateway.get("classes") or [],
         "state": gateway.get("state") or {},
         "telemetry": gateway.get("telemetry") or {},
+        "network": gateway.get("network") or {},
+        "max_frame_bytes": frame_limit(int((gateway.get("ingress") or {}).get("max_body_bytes", DEFAULT_BODY_BYTES))),
     }
 
 
@@ -77,7 +83,9 @@ class DispatcherActor:
         self._history = ServiceHistory()  # per-tenant service once a second (metrics, live page)
         self._sampler: asyncio.Task[None] | None = None
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
-        self._admission = AdmissionServer(self.admit, secret.encode())  # the ingress's per-request call
+        self._admission = AdmissionServer(  # the ingress's per-request call
+            self.admit, secret.encode(), int(settings.get("max_frame_bytes", frame_limit(DEFAULT_BODY_BYTES)))
+        )
 
     async def _ready(self) -> str:
         """Load durable state and start the gRPC service, once; every call waits for it. A start that
@@ -93,7 +101,8 @@ class DispatcherActor:
         tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
         self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
         loop = asyncio.get_running_loop()
-        for model, service in self._pools.items():
+        network = self._settings.get("network") or {}
+        for index, (model, service) in enumerate(self._pools.items()):
             scheduler = service.scheduler
             saved = await self._store.load_state(self._state_key(model))
             if saved is not None:
@@ -103,9 +112,9 @@ class DispatcherActor:
                 scheduler.set_node(name, parent, weight)
             for t in tenants:
                 scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
-            await service.start(bind_host(), 0)
+            await service.start(bind_host(), pool_port(network.get("dispatcher_port", 0), index))
             loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
-        await self._admission.start(bind_host())
+        await self._admission.start(bind_host(), int(network.get("admission_port", 0)))
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
         self._sampler = loop.create_task(self._sample_every(1.0))
         telemetry = self._settings.get("telemetry") or {}

@@ -1,8 +1,9 @@
 """The dispatcher's admission endpoint: the ingress's one call per request (docs/architecture.md).
 
-Each ingress replica keeps one connection here (``common/frames.py``): its first frame is the ingress
-token, derived from the cluster secret, which no tenant has (a connection without it is answered
-``permission_denied`` and closed); then a ``SubmitRequest`` frame per request, answered by a
+Each ingress replica keeps one connection here (``common/frames.py``): it opens with the handshake of
+``common/frame_guard.py`` (an HMAC, under a key derived from the cluster secret for this hop, of a
+nonce the endpoint sends: no tenant has the key, and nothing a stranger sends is parsed); then a
+``SubmitRequest`` frame per request, answered by a
 ``SubmitReply`` naming the request once it is assigned (or refused). Many requests wait on one
 connection. A ``withdraw`` frame (the client left while queued) cancels the request's call, which
 withdraws it; so does the connection breaking. Frames instead of gRPC: see ``common/frames.py``.
@@ -11,12 +12,11 @@ withdraws it; so does the connection breaking. Frames instead of gRPC: see ``com
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from common.frame_guard import ADMISSION_HOP, Guard, hop_key
 from common.frames import MessageConnection, listen
 from common.rpc import fairgate_pb2 as pb
 
@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 Admit = Callable[[pb.SubmitRequest], Awaitable[pb.SubmitReply]]
 
 
-def ingress_token(secret: bytes) -> str:
-    """What an ingress presents: a key derived from the cluster secret for this purpose only."""
-    return hmac.new(secret, b"fairgate-admission-v1", hashlib.sha256).hexdigest()
+def admission_key(secret: bytes) -> bytes:
+    """The key an ingress signs its hello to the admission endpoint with."""
+    return hop_key(secret, ADMISSION_HOP)
 
 
 def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
@@ -48,28 +48,18 @@ def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
     )
 
 
-NOT_AN_INGRESS = "permission_denied"  # a reply naming no request: the connection's token was refused
 INTERNAL_ERROR = "internal_error"  # the dispatcher failed on the request (a bug: the client's 500)
 
 
 class _AdmissionConnection(MessageConnection):
     incoming = pb.AdmissionFrame
 
-    def __init__(self, admit: Admit, token: str, connections: set[_AdmissionConnection]) -> None:
+    def __init__(self, admit: Admit, connections: set[_AdmissionConnection]) -> None:
         super().__init__(connections)
         self._admit = admit
-        self._token = token
-        self._trusted = False
 
     def on_message(self, message: pb.AdmissionFrame) -> None:
         kind = message.WhichOneof("kind")
-        if not self._trusted:
-            if kind == "token" and hmac.compare_digest(message.token.encode(), self._token.encode()):
-                self._trusted = True
-                return
-            self.send_message(pb.SubmitReply(rejected=NOT_AN_INGRESS, message="not an ingress of this gateway"))
-            self.close()
-            return
         if kind == "submit":  # asked again before the first answer: the first is withdrawn
             self.start(message.submit.request_id, self._answer(message.submit))
         elif kind == "withdraw":
@@ -93,16 +83,16 @@ class AdmissionServer:
     """The endpoint on its own port (it changes when the dispatcher restarts: the ingress asks the
     actor for it again)."""
 
-    def __init__(self, admit: Admit, secret: bytes) -> None:
+    def __init__(self, admit: Admit, secret: bytes, max_frame_bytes: int) -> None:
         self._admit = admit
-        self._token = ingress_token(secret)
+        self._guard = Guard(admission_key(secret), max_frame_bytes)
         self._server: asyncio.Server | None = None
         self._connections: set[_AdmissionConnection] = set()
         self.address = ""
 
-    async def start(self, host: str) -> str:
-        self._server, self.address = await listen(
-            host, lambda: _AdmissionConnection(self._admit, self._token, self._connections)
+    async def start(self, host: str, port: int = 0) -> str:
+        self._server, self.address, self.gate = await listen(
+            host, lambda: _AdmissionConnection(self._admit, self._connections), self._guard, port
         )
         return self.address
 

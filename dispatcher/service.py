@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 REPORT_PACE_WAITING_S = 0.0  # as fast as a worker goes (its own floor merges sub-millisecond steps)
 REPORT_PACE_IDLE_S = 0.05
 RELAX_AFTER_S = 0.1
+WORKER_HELLO_S = 10.0  # a worker stream must say hello within this, or it is closed
+MAX_WORKER_STREAMS = 1024  # streams the workers' endpoint serves at once (replicas of one pool, and slack)
 
 
 class Rejected(Exception):
@@ -103,7 +105,7 @@ class DispatcherService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=MAX_WORKER_STREAMS)
         rpc.add_DispatcherServicer_to_server(_DispatcherServicer(self), self._server)
         bound = self._server.add_insecure_port(f"{host}:{port}")
         await self._server.start()
@@ -432,10 +434,12 @@ class DispatcherService:
                 outbox.put_nowait(None)
 
         reader = asyncio.create_task(read())
+        silent = asyncio.get_running_loop().call_later(WORKER_HELLO_S, lambda: worker or reader.cancel())
         try:
             while (out := await outbox.get()) is not None:
                 yield out
         finally:
+            silent.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader

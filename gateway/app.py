@@ -12,7 +12,8 @@ import httpx
 import ray
 from ray import serve
 
-from common.loopback import front_door, ray_environment
+from common.frame_guard import frame_limit
+from common.loopback import front_door, pool_port, ray_environment
 from gateway.config_schema import GatewayConfig, WorkerSettings
 from ingress.deployment import Ingress
 from workers.autoscaling import POLICY_PATH
@@ -24,13 +25,16 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
     """``listen``: host:port for the direct front door (each ingress replica's own HTTP server there);
     None: Serve's front door brings the requests."""
     g = config.plain()
+    frames = frame_limit(config.ingress.max_body_bytes)
     pools = []
     for i, m in enumerate(config.models):
         workers = g["models"][i]["workers"]
         options = worker_options(app_name, m.workers, m.name) | {"name": worker_deployment_name(i, m.name)}
-        pools.append(
-            WorkerReplica.options(**options).bind(app_name, {**workers, "telemetry": g["telemetry"]}, secret, m.name)
-        )
+        port = pool_port(config.network.worker_port, i)
+        if port:  # a fixed port: one replica of the pool per node
+            options["max_replicas_per_node"] = 1
+        given = {**workers, "telemetry": g["telemetry"], "port": port, "max_frame_bytes": frames}
+        pools.append(WorkerReplica.options(**options).bind(app_name, given, secret, m.name))
     ingress = Ingress.options(num_replicas=config.ingress.replicas)
     return ingress.bind(app_name, ingress_view(g), secret, pools, listen)
 

@@ -20,6 +20,7 @@ from gateway.config_schema import (
     IngressSettings,
     LimitsSettings,
     ModelPool,
+    NetworkSettings,
     SchedulerSettings,
     StateSettings,
     TelemetrySettings,
@@ -44,6 +45,7 @@ TOP_LEVEL = [
     ("ingress", "mapping", "the HTTP front: [ingress](#ingress)"),
     ("state", "mapping", "durable state: [state](#state)"),
     ("telemetry", "mapping", "traces and metrics: [telemetry](#telemetry)"),
+    ("network", "mapping", "the internal endpoints' ports: [network](#network)"),
 ]
 
 SECTIONS: list[tuple[str, type[BaseModel], str]] = [
@@ -58,6 +60,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("ingress", IngressSettings, "`ingress:`"),
     ("state", StateSettings, "`state:` (FAIRGATE_REDIS_URL wins over `redis_url`)"),
     ("telemetry", TelemetrySettings, "`telemetry:` (OTEL_EXPORTER_OTLP_ENDPOINT fills `otlp_endpoint`)"),
+    ("network", NetworkSettings, "`network:`"),
 ]
 
 

@@ -142,6 +142,17 @@ class IngressSettings(OpenSection):
     max_model_len: int = Field(4096, ge=2, description="longest prompt + output when the engine does not say")
 
 
+class NetworkSettings(Section):
+    """The internal endpoints' ports: 0 (the default) takes any free port, as on one machine; fixed ports
+    let a NetworkPolicy name them (the Kubernetes manifests set them). Model pool N listens on the
+    dispatcher's and the workers' port + N; with a fixed worker port, each Ray node runs at most one
+    worker replica of a pool."""
+
+    admission_port: int = Field(0, ge=0, le=65535, description="the dispatcher's admission endpoint (from ingress)")
+    dispatcher_port: int = Field(0, ge=0, le=65535, description="the dispatcher's endpoint for workers' reports")
+    worker_port: int = Field(0, ge=0, le=65535, description="each worker's data plane (from ingress)")
+
+
 class StateSettings(Section):
     """Where durable state lives: in memory (None, the default) or Redis (``FAIRGATE_REDIS_URL`` wins)."""
 
@@ -186,6 +197,7 @@ class GatewayConfig(Section):
     admin_key_hash: str = ""
     state: StateSettings = Field(default_factory=StateSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
 
     def plain(self) -> dict[str, Any]:
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
@@ -229,6 +241,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         ingress = validate_section(IngressSettings, raw.get("ingress") or {}, "ingress")
         state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
         telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
+        network = validate_section(NetworkSettings, raw.get("network") or {}, "network")
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     generated: dict[str, str] = {}
@@ -262,6 +275,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         admin_key_hash=hash_key(admin_key),
         state=state,
         telemetry=telemetry,
+        network=network,
     )
     return config, generated
 

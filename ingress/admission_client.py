@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from common.frame_guard import HandshakeRefused
 from common.frames import ConnectionLost, MessageConnection, connect
 from common.rpc import fairgate_pb2 as pb
-from dispatcher.admission_service import INTERNAL_ERROR, ingress_token
+from dispatcher.admission_service import INTERNAL_ERROR, admission_key
 
 Abandoned = Callable[[pb.SubmitRequest], None]
 
@@ -43,14 +44,14 @@ class _AdmissionLink(MessageConnection):
         self._abandoned = abandoned
 
     def on_message(self, reply: pb.SubmitReply) -> None:
-        if not reply.request_id:  # the token was refused: every call on this connection fails
-            self._fail(AdmissionRefused(f"the dispatcher refused this ingress: {reply.message}"))
-            return
         future = self._waiting.pop(reply.request_id, None)
         if future is not None and not future.done():
             future.set_result(reply)
 
     def on_ended(self, exc: Exception | None) -> None:
+        if isinstance(exc, HandshakeRefused):  # every call on this connection fails: a deployment fault
+            self._fail(AdmissionRefused(f"the dispatcher refused this ingress: {exc}"))
+            return
         self._fail(ConnectionLost(str(exc) if exc else "the dispatcher closed the connection"))
 
     def _fail(self, exc: Exception) -> None:
@@ -86,7 +87,7 @@ class AdmissionClient:
         had left)."""
         self._address = address
         self._abandoned = abandoned
-        self._token = ingress_token(secret.encode())
+        self._key = admission_key(secret.encode())
         self._wait_s = wait_s
         self._link: _AdmissionLink | None = None
         self._connecting: asyncio.Task[_AdmissionLink] | None = None
@@ -104,6 +105,9 @@ class AdmissionClient:
                 if reply.rejected == INTERNAL_ERROR:
                     raise AdmissionRefused(reply.message)
                 return reply
+            except HandshakeRefused as exc:  # refused before the call was sent
+                self._forget(link)
+                raise AdmissionRefused(f"the dispatcher refused this ingress: {exc}") from None
             except (ConnectionLost, OSError):
                 self._forget(link)
             if loop.time() >= deadline:
@@ -120,8 +124,7 @@ class AdmissionClient:
 
     async def _open(self) -> _AdmissionLink:
         address = await self._address()
-        link = await connect(address, lambda: _AdmissionLink(self._abandoned))
-        link.send_message(pb.AdmissionFrame(token=self._token))
+        link = await connect(address, lambda: _AdmissionLink(self._abandoned), self._key)
         self._link = link
         return link
 

@@ -87,7 +87,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             DISPATCHER_WAIT_S,
             abandoned=lambda request: self._dispatcher.release(request.request_id, request.model),
         )
-        self._connections = WorkerConnections()
+        self._connections = WorkerConnections(secret.encode())
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
         self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
         self._classes = bool(gateway.get("classes"))  # responses then name the tier they were served in

@@ -9,9 +9,11 @@ the iterator early (the client gone) closes its connection, and the worker abort
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
+from common.frame_guard import DATA_PLANE_HOP, hop_key
 from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
 
@@ -44,6 +46,7 @@ class Outcome:
 
 
 IDLE_KEPT = 64  # idle connections kept per worker (more are closed as their requests end)
+IDLE_REUSE_S = 60.0  # an idle connection is reused this long after its last frame (workers close it later)
 
 
 class WorkerConnections:
@@ -51,16 +54,19 @@ class WorkerConnections:
     idle for the next. A connection whose request did not end cleanly is closed, never reused, so one
     request's failure cannot reach another's stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes) -> None:
         self._idle: dict[str, collections.deque[FrameConnection]] = {}
+        self._key = hop_key(secret, DATA_PLANE_HOP)
 
     async def take(self, address: str) -> FrameConnection:
         idle = self._idle.get(address)
+        fresh_since = time.monotonic() - IDLE_REUSE_S
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            if not conn.closed and conn.last_frame_at >= fresh_since:
                 return conn
-        return await connect(address, FrameConnection)
+            conn.close()  # the worker closes connections idle longer than this: never race it
+        return await connect(address, FrameConnection, self._key)
 
     def give_back(self, address: str, conn: FrameConnection) -> None:
         idle = self._idle.setdefault(address, collections.deque())

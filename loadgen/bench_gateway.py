@@ -174,7 +174,7 @@ async def _alternate(
     headers = {"Authorization": f"Bearer {key}"}
     gateway_s: list[float] = []
     direct_s: list[float] = []
-    connections = WorkerConnections()
+    connections = WorkerConnections(secret)
     async with httpx.AsyncClient(timeout=30) as client:
         for i in range(samples + 5):
             t0 = time.perf_counter()

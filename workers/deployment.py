@@ -42,7 +42,15 @@ class WorkerReplica:
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
         runner = engine_for(workers["engine"]).runner(workers["settings"], model)
-        self.worker = Worker(worker_id, locate, secret.encode(), runner, host=bind_host())
+        self.worker = Worker(
+            worker_id,
+            locate,
+            secret.encode(),
+            runner,
+            host=bind_host(),
+            port=int(workers.get("port", 0)),
+            max_frame_bytes=int(workers["max_frame_bytes"]),
+        )
         await self.worker.start()
 
     async def check_health(self) -> None:

@@ -1,5 +1,7 @@
 """The worker's data-plane endpoint: ingress replicas connect, send a ``GenerateRequest`` frame, and
-read ``GenerateChunk`` frames until the last one (``common/frames.py``).
+read ``GenerateChunk`` frames until the last one (``common/frames.py``). A connection opens with the
+handshake of ``common/frame_guard.py`` under the data plane's key (derived from the cluster secret):
+nothing a stranger sends is parsed, and each request still needs its signed ticket.
 
 One request at a time per connection, so TCP's own flow control is each stream's (a slow client slows
 only its own request) and a connection that closes mid-request means its client left: the request is
@@ -13,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from common.frame_guard import Guard
 from common.frames import ConnectionLost, MessageConnection, listen
 from common.rpc import fairgate_pb2 as pb
 
@@ -47,16 +50,20 @@ class _GenerateConnection(MessageConnection):
 
 
 class GenerateServer:
-    """Listens on ``host`` (any free port); ``serve`` answers each request."""
+    """Listens on ``host`` (``port`` 0: any free port); ``serve`` answers each request; ``guard``: who
+    may connect and how much they may send."""
 
-    def __init__(self, serve: Serve) -> None:
+    def __init__(self, serve: Serve, guard: Guard) -> None:
         self._serve = serve
+        self._guard = guard
         self._server: asyncio.Server | None = None
         self._connections: set[_GenerateConnection] = set()
         self.address = ""
 
-    async def start(self, host: str) -> str:
-        self._server, self.address = await listen(host, lambda: _GenerateConnection(self._serve, self._connections))
+    async def start(self, host: str, port: int = 0) -> str:
+        self._server, self.address, self.gate = await listen(
+            host, lambda: _GenerateConnection(self._serve, self._connections), self._guard, port
+        )
         return self.address
 
     async def stop(self, grace_s: float = 0.5) -> None:

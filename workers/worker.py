@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common.frame_guard import DATA_PLANE_HOP, Guard, frame_limit, hop_key
 from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
@@ -77,9 +78,13 @@ class Worker:
         runner: EngineRunner,
         *,
         host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame_bytes: int = frame_limit(1 << 20),
         reconnect_s: float = 0.2,
         max_reconnect_s: float = 3.0,
     ) -> None:
+        """``port``: the data plane's (0: any free one); ``max_frame_bytes``: the longest request frame
+        an ingress may send (its largest body, and slack)."""
         self.worker_id = worker_id
         self._locate = dispatcher if callable(dispatcher) else None
         self.dispatcher_address = "" if callable(dispatcher) else dispatcher
@@ -102,7 +107,9 @@ class Worker:
         self._released = asyncio.Event()
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._server = GenerateServer(lambda request: generate(self, request))
+        guard = Guard(hop_key(secret, DATA_PLANE_HOP), max_frame_bytes)
+        self._server = GenerateServer(lambda request: generate(self, request), guard)
+        self._port = port
         self._tickets = TicketBook()  # tickets served: each once
         self._salts: dict[str, str] = {}
         self.openai_app: ASGIApp | None = None  # the engine's own OpenAI layer, once started
@@ -111,7 +118,7 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        self.address = await self._server.start(self._host)
+        self.address = await self._server.start(self._host, self._port)
         await self.runner.start(self._on_step)
         self.openai_app = await self.runner.openai_app()
         self._tasks = [asyncio.create_task(self._dispatcher_loop(), name=f"{self.worker_id}-dispatcher")]

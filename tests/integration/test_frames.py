@@ -6,8 +6,12 @@ import asyncio
 
 import pytest
 
-from common.frames import MAX_FRAME_BYTES, ConnectionLost, FrameConnection, MessageConnection, connect, listen
+from common.frame_guard import Guard
+from common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
 from common.rpc import fairgate_pb2 as pb
+
+KEY = b"k" * 32
+GUARD = Guard(KEY, max_frame_bytes=1 << 20)
 
 
 async def _pair() -> tuple[FrameConnection, FrameConnection, asyncio.Server]:
@@ -18,8 +22,8 @@ async def _pair() -> tuple[FrameConnection, FrameConnection, asyncio.Server]:
         accepted.put_nowait(conn)
         return conn
 
-    server, address = await listen("127.0.0.1", server_side)
-    client = await connect(address, FrameConnection)
+    server, address, _ = await listen("127.0.0.1", server_side, GUARD)
+    client = await connect(address, FrameConnection, KEY)
     return client, await accepted.get(), server
 
 
@@ -62,10 +66,10 @@ def test_frames_of_one_turn_go_in_one_write_and_close_sends_them_first():
     asyncio.run(scenario())
 
 
-def test_a_frame_longer_than_the_limit_closes_the_connection():
+def test_a_frame_longer_than_the_guards_limit_closes_the_connection():
     async def scenario():
         client, server_conn, server = await _pair()
-        client.transport.write((MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"xx")
+        client.transport.write((GUARD.max_frame_bytes + 1).to_bytes(4, "big") + b"xx")
         with pytest.raises(ConnectionLost):
             await server_conn.next_frame()
         await asyncio.sleep(0.05)
@@ -140,8 +144,8 @@ def test_message_connections_parse_track_their_calls_and_cancel_them_when_the_pe
 
     async def scenario():
         registry: set[_Echo] = set()
-        server, address = await listen("127.0.0.1", lambda: _Echo(registry))
-        client = await connect(address, FrameConnection)
+        server, address, _ = await listen("127.0.0.1", lambda: _Echo(registry), GUARD)
+        client = await connect(address, FrameConnection, KEY)
         client.send_message(pb.SubmitRequest(request_id="a"))
         assert (await client.next_message(pb.SubmitReply)).request_id == "a"
         (conn,) = registry
@@ -154,10 +158,19 @@ def test_message_connections_parse_track_their_calls_and_cancel_them_when_the_pe
         client.close()
         await _until(lambda: not registry)
         assert not registry and sorted(CANCELLED) == ["b", "b", "c"] and not conn.calls
-        other = await connect(address, FrameConnection)
+        other = await connect(address, FrameConnection, KEY)
         other.send(b"\xff\xff not a message")
         with pytest.raises(ConnectionLost):
             await other.next_frame()
         server.close()
 
     asyncio.run(scenario())
+
+
+def test_nothing_received_after_close_is_delivered():
+    """A side that closes (a refusal) reads nothing more, not even frames already in the same read."""
+    delivered: list[bytes] = []
+    conn = FrameConnection(on_frame=lambda frame: (delivered.append(frame), conn.close()))
+    conn.data_received(b"".join(len(f).to_bytes(4, "big") + f for f in (b"first", b"second", b"third")))
+    conn.data_received((5).to_bytes(4, "big") + b"later")
+    assert delivered == [b"first"]

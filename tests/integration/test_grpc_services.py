@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from common.frame_guard import DATA_PLANE_HOP, HandshakeRefused, hop_key
 from common.frames import ConnectionLost, FrameConnection, connect
 from common.rpc import fairgate_pb2 as pb
 from common.tickets import TicketFields, sign, ticket_message
@@ -74,7 +75,7 @@ class Refused(Exception):
 
 async def send_generate(address: str, request: pb.GenerateRequest) -> list[pb.GenerateChunk]:
     """One request on a fresh data-plane connection, read to its last chunk."""
-    conn = await connect(address, FrameConnection)
+    conn = await connect(address, FrameConnection, hop_key(SECRET, DATA_PLANE_HOP))
     try:
         conn.send(request.SerializeToString())
         chunks = []
@@ -337,6 +338,34 @@ def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignme
     asyncio.run(scenario())
 
 
+def test_a_worker_stream_that_never_says_hello_is_closed(monkeypatch):
+    import grpc
+
+    from common.rpc import fairgate_pb2_grpc as rpc
+    from dispatcher import service as service_module
+
+    monkeypatch.setattr(service_module, "WORKER_HELLO_S", 0.3)
+
+    async def scenario():
+        service = DispatcherService(SchedulerConfig(), SECRET)
+        address = await service.start()
+        silence = asyncio.Event()
+
+        async def nothing():
+            await silence.wait()
+            yield pb.WorkerMessage()  # never reached
+
+        async with grpc.aio.insecure_channel(address) as channel:
+            stream = rpc.DispatcherStub(channel).Connect(nothing())
+            started = time.monotonic()
+            replies = [m async for m in stream]
+            assert replies == [] and time.monotonic() - started < 5.0  # closed by the deadline
+        silence.set()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
 def test_only_a_worker_holding_the_cluster_secret_can_attach():
     async def scenario():
         service = DispatcherService(SchedulerConfig(), SECRET)
@@ -492,7 +521,7 @@ def test_one_request_failing_on_a_worker_never_ends_another_stream_and_connectio
 
     async def scenario():
         service, workers = await cluster()
-        connections = WorkerConnections()
+        connections = WorkerConnections(SECRET)
         long = await service.submit("long", "alice", 3, 200)
         outcome = Outcome()
         request = completion_request(long.ticket_message(), "one two three", 200, prompt_tokens=3)
@@ -682,10 +711,10 @@ def test_admission_takes_only_the_ingress_token_and_carries_the_whole_placement(
 
 async def _admission_token_and_placement():
     from dispatcher.admission_service import AdmissionServer
-    from ingress.admission_client import AdmissionClient
+    from ingress.admission_client import AdmissionClient, AdmissionRefused
 
     submits = _Submits()
-    server = AdmissionServer(submits, SECRET)
+    server = AdmissionServer(submits, SECRET, 1 << 20)
     address = await server.start("127.0.0.1")
 
     async def where() -> str:
@@ -706,14 +735,13 @@ async def _admission_token_and_placement():
         assert (await client.submit(pb.SubmitRequest(request_id="r3", tenant="nobody"))).rejected == "unknown_key"
 
         submit = pb.AdmissionFrame(submit=pb.SubmitRequest(request_id="x", tenant="alice"))
-        for first in (submit, pb.AdmissionFrame(token="guess")):  # a tenant reaching the port has no token
-            conn = await connect(address, FrameConnection)
-            conn.send(first.SerializeToString())
-            conn.send(submit.SerializeToString())
-            refused = pb.SubmitReply.FromString(await conn.next_frame())
-            assert refused.rejected == "permission_denied" and not refused.request_id
-            with pytest.raises(ConnectionLost):  # and the connection is closed
-                await conn.next_frame()
+        stranger = await connect(address, FrameConnection, hop_key(b"another gateway's secret", "admission"))
+        stranger.send(submit.SerializeToString())  # sent after its hello: never read
+        with pytest.raises(HandshakeRefused):  # a tenant reaching the port has no key
+            await stranger.next_frame()
+        impostor = AdmissionClient(where, "another gateway's secret", wait_s=5.0, abandoned=lambda r: None)
+        with pytest.raises(AdmissionRefused):  # a deployment fault, not a client's: no retry
+            await impostor.submit(pb.SubmitRequest(request_id="y", tenant="alice"))
         assert [c[0] for c in submits.calls] == ["r1", "r2", "r3"]
     finally:
         await server.stop()
@@ -728,7 +756,7 @@ async def _admission_cancel_and_restart():
     from ingress.admission_client import AdmissionClient, DispatcherUnavailable
 
     submits = _Submits()
-    server = AdmissionServer(submits, SECRET)
+    server = AdmissionServer(submits, SECRET, 1 << 20)
     addresses = [await server.start("127.0.0.1")]
 
     async def where() -> str:
@@ -751,7 +779,7 @@ async def _admission_cancel_and_restart():
         await asyncio.sleep(0.01)
     await server.stop()  # the dispatcher restarts on another port
     submits.block.set()
-    restarted = AdmissionServer(submits, SECRET)
+    restarted = AdmissionServer(submits, SECRET, 1 << 20)
     addresses.append(await restarted.start("127.0.0.1"))
     try:
         reply = await asyncio.wait_for(waiting, 10.0)
@@ -775,7 +803,7 @@ async def _admission_reply_then_cancel():
     from ingress import admission_client
 
     submits = _Submits()
-    server = AdmissionServer(submits, SECRET)
+    server = AdmissionServer(submits, SECRET, 1 << 20)
     address = await server.start("127.0.0.1")
 
     async def where() -> str:
