@@ -7,6 +7,7 @@ overlay's gateway configuration parses."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,8 +72,13 @@ def rendered(tmp_path_factory) -> dict[str, list[dict]]:
     return out
 
 
+def named(doc: dict, name: str) -> bool:
+    """Whether ``doc`` is ``name``, or a generated ``name`` with its content's hash appended."""
+    return re.fullmatch(re.escape(name) + r"(-[a-z0-9]{10})?", doc["metadata"]["name"]) is not None
+
+
 def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
-    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    found = [d for d in docs if d["kind"] == kind and (name is None or named(d, name))]
     assert len(found) == 1, f"{kind} {name}: {len(found)} found"
     return found[0]
 
@@ -244,12 +250,13 @@ def test_redis_asks_for_the_password_of_its_secret_and_the_head_has_it(rendered)
     redis = one(docs, "StatefulSet", "fairgate-redis")["spec"]["template"]["spec"]["containers"][0]
     assert "--requirepass" in " ".join(redis["command"])
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis["env"]}
-    assert refs["REDIS_PASSWORD"] == {"name": "fairgate-redis", "key": "password"}
+    redis_secret = one(docs, "Secret", "fairgate-redis")
+    assert refs["REDIS_PASSWORD"] == {"name": redis_secret["metadata"]["name"], "key": "password"}
     assert refs["REDISCLI_AUTH"] == refs["REDIS_PASSWORD"]  # the readiness probe authenticates
     secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
     password = (secrets_dir / "redis-password").read_text()
     assert len(password) >= 32 and f":{password}@fairgate-redis:6379" in (secrets_dir / "redis-url").read_text()
-    assert set(one(docs, "Secret", "fairgate-redis")["data"]) == {"password", "url"}
+    assert set(redis_secret["data"]) == {"password", "url"}
 
 
 def _selects(selector: dict, labels: dict) -> bool:
@@ -271,7 +278,7 @@ def _allowed(policies: list[dict], pod: dict, port: int, peer: dict | None) -> b
         if not _selects(spec["podSelector"], pod):
             continue
         for rule in spec.get("ingress", []):
-            if rule.get("ports") and port not in {p["port"] for p in rule["ports"]}:
+            if rule.get("ports") and not any(p["port"] <= port <= p.get("endPort", p["port"]) for p in rule["ports"]):
                 continue
             sources = rule.get("from")
             if not sources:
@@ -308,7 +315,7 @@ def test_network_policies_open_only_the_intended_doors(rendered, overlay):
     assert _selects({"matchLabels": service["spec"]["selector"]}, head)
     http = service["spec"]["ports"][0]["targetPort"]
     assert _allowed(policies, head, http, None) and _allowed(policies, head, http, stranger)  # the public door
-    for port in (6379, 8265, 10001, 52365, 9999):  # GCS, dashboard, client, agent, a dispatcher/worker port
+    for port in (6379, 8265, 10001, 52365, 9100, 9110, 9120):  # GCS, dashboard, client, agent, fairgate's own
         assert not _allowed(policies, head, port, stranger), port
         assert not _allowed(policies, head, port, neighbour), port
         assert not _allowed(policies, worker, port, stranger), port
@@ -328,3 +335,130 @@ def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
         raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
         scheduler = parse_config(raw, overlay)[0].scheduler
         assert scheduler["max_queued_per_tenant"] and scheduler["max_queued"] and scheduler["max_queue_s"], overlay
+
+
+def _render(k8s: Path, overlay: str) -> list[dict]:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(k8s / "overlays" / overlay)], check=True, capture_output=True, text=True
+    )
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def _references(doc: dict, kind: str) -> set[str]:
+    """Every name ``doc`` gives a Secret (``kind`` "Secret") or a ConfigMap by, wherever it is."""
+    found: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if kind == "Secret":
+                found.update(str(node[k]) for k in ("secretName",) if k in node)
+                if "secretKeyRef" in node:
+                    found.add(node["secretKeyRef"]["name"])
+            elif "configMap" in node:
+                found.add(node["configMap"]["name"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return found
+
+
+def test_a_rotated_secret_gets_a_new_name_everywhere_so_its_pods_roll(rendered, tmp_path):
+    """Secrets and the gateway's ConfigMap are named by their content's hash, and every reference (the
+    RayService's volumes, env and GCS options included) follows: rotating a Secret changes the pod
+    templates that use it, which replaces those pods."""
+    work = tmp_path / "k8s"
+    shutil.copytree(REPO / "k8s", work, ignore=shutil.ignore_patterns("secrets"))
+    subprocess.run(["bash", str(work / "make-secrets.sh")], check=True, capture_output=True)
+    before = _render(work, "cpu-sim")
+    (work / "base" / "secrets" / "cluster-secret").write_text("rotated-" + "x" * 48)
+    after = _render(work, "cpu-sim")
+    for docs in (before, after):
+        for kind in ("Secret", "ConfigMap"):
+            names = {d["metadata"]["name"] for d in docs if d["kind"] == kind}
+            for d in docs:
+                assert _references(d, kind) <= names, (d["kind"], _references(d, kind) - names)  # none dangles
+    old, new = (one(docs, "Secret", "fairgate-secrets")["metadata"]["name"] for docs in (before, after))
+    assert old != new
+    head = [
+        one(docs, "RayService", "fairgate")["spec"]["rayClusterConfig"]["headGroupSpec"] for docs in (before, after)
+    ]
+    assert old in str(head[0]) and new in str(head[1]) and head[0] != head[1]
+    redis = [one(docs, "StatefulSet", "fairgate-redis") for docs in (before, after)]
+    assert redis[0] == redis[1]  # its Secret did not change: Redis stays
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_disruption_budgets_move_workers_one_at_a_time_and_never_evict_the_head_or_redis(rendered, overlay):
+    docs = rendered[overlay]
+    labels = {name: t["metadata"]["labels"] for name, t in pod_templates(docs).items()}
+    budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    assert budgets["fairgate-workers"]["maxUnavailable"] == 1
+    assert _selects(budgets["fairgate-workers"]["selector"], labels["fairgate-worker"])
+    for pod in ("fairgate-head", "fairgate-redis"):
+        assert budgets[pod]["minAvailable"] == 1 and _selects(budgets[pod]["selector"], labels[pod])
+        assert not _selects(budgets[pod]["selector"], labels["fairgate-worker"])
+
+
+def test_the_head_keeps_its_cluster_state_in_the_external_redis(rendered):
+    docs = rendered["cpu-sim"]
+    options = one(docs, "RayService", "fairgate")["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    redis_secret = one(docs, "Secret", "fairgate-redis")["metadata"]["name"]
+    assert options["backend"] == "redis" and options["redisAddress"] == "fairgate-redis:6379"
+    assert options["redisPassword"]["valueFrom"]["secretKeyRef"] == {"name": redis_secret, "key": "password"}
+    assert options["externalStorageNamespace"] != "fairgate"  # apart from the dispatcher's own keys
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_pod_reaches_the_cloud_metadata_address(rendered, overlay):
+    docs = rendered[overlay]
+    egress = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy" and "Egress" in d["spec"]["policyTypes"]]
+    assert len(egress) == 1 and egress[0]["podSelector"] == {}  # every pod of the namespace
+    blocks = [peer["ipBlock"] for rule in egress[0]["egress"] for peer in rule["to"]]
+    assert {b["cidr"] for b in blocks} == {"0.0.0.0/0", "::/0"}
+    assert all(b["except"] for b in blocks) and "169.254.169.254/32" in str(blocks)
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_profile(rendered):
+    labels = one(rendered["cpu-sim"], "Namespace", "fairgate")["metadata"]["labels"]
+    for mode in ("enforce", "warn", "audit"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+
+
+def test_redis_is_probed_for_liveness_and_capped_under_its_memory_limit(rendered):
+    redis = one(rendered["cpu-sim"], "StatefulSet", "fairgate-redis")["spec"]["template"]["spec"]["containers"][0]
+    assert redis["livenessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    command = " ".join(redis["command"])
+    maxmemory = int(re.search(r"--maxmemory (\d+)mb", command).group(1)) << 20
+    limit = redis["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi") and maxmemory <= 0.8 * (int(limit[:-2]) << 20)
+    assert "--maxmemory-policy noeviction" in command  # state is refused, never silently dropped
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_internal_endpoints_listen_on_fixed_ports_that_policies_name(rendered, overlay, monkeypatch):
+    docs = rendered[overlay]
+    secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
+    monkeypatch.setenv("FAIRGATE_ADMIN_KEY", (secrets_dir / "admin-key").read_text().strip())
+    raw = yaml.safe_load(one(docs, "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
+    raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
+    network = parse_config(raw, overlay)[0].network
+    templates = pod_templates(docs)
+    declared = {
+        name: {p["containerPort"] for c in t["spec"]["containers"] for p in c.get("ports", [])}
+        for name, t in templates.items()
+    }
+    assert {network.admission_port, network.dispatcher_port} <= declared["fairgate-head"]
+    assert network.worker_port in declared["fairgate-worker"]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    named = {
+        p["port"]
+        for d in policies
+        if d["metadata"]["name"].startswith("fairgate-")
+        for r in d["spec"].get("ingress", [])
+        for p in r.get("ports", [])
+    }
+    assert {network.admission_port, network.dispatcher_port, network.worker_port} <= named
