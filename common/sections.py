@@ -57,6 +57,16 @@ def secret_from_env(name: str) -> str | None:
     return None
 
 
+MIN_SECRET_CHARS = 32  # the cluster secret: tickets, workers' credentials and the hops' keys derive from it
+
+
+def checked_cluster_secret(secret: str, where: str = "FAIRGATE_CLUSTER_SECRET") -> str:
+    """The cluster secret, refused when it is short enough to guess."""
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ConfigError(f"{where} must be at least {MIN_SECRET_CHARS} characters (it signs every ticket)")
+    return secret
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 

@@ -82,6 +82,8 @@ class DispatcherActor:
         self._saver: asyncio.Task[None] | None = None
         self._history = ServiceHistory()  # per-tenant service once a second (metrics, live page)
         self._sampler: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None  # forgets settled requests, every so often
+        self._changing = asyncio.Lock()  # tenant and node changes, one at a time
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
         self._admission = AdmissionServer(  # the ingress's per-request call
             self.admit, secret.encode(), int(settings.get("max_frame_bytes", frame_limit(DEFAULT_BODY_BYTES)))
@@ -113,10 +115,10 @@ class DispatcherActor:
             for t in tenants:
                 scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
             await service.start(bind_host(), pool_port(network.get("dispatcher_port", 0), index))
-            loop.call_later(FORGET_SETTLED_AFTER_S, scheduler.forget_settled)
         await self._admission.start(bind_host(), int(network.get("admission_port", 0)))
         self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
         self._sampler = loop.create_task(self._sample_every(1.0))
+        self._sweeper = loop.create_task(self._forget_settled_every(FORGET_SETTLED_AFTER_S))
         telemetry = self._settings.get("telemetry") or {}
         if telemetry.get("otlp_endpoint"):
             start_otlp_metrics(lambda: self._latest, int(telemetry.get("top_tenants", 20)), telemetry["otlp_endpoint"])
@@ -132,9 +134,19 @@ class DispatcherActor:
         return service
 
     async def _sample_every(self, interval_s: float) -> None:
+        """The live page's and the OTLP exporter's figures; a failure skips one sample, never the rest."""
         while True:
-            self._latest = self._history.record(time.time(), self._service.telemetry())
+            try:
+                self._latest = self._history.record(time.time(), self._service.telemetry())
+            except Exception:
+                log.exception("dispatcher: taking a telemetry sample failed")
             await asyncio.sleep(interval_s)
+
+    async def _forget_settled_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for service in self._pools.values():
+                service.scheduler.forget_settled()
 
     async def telemetry(self, series_s: float = 0.0) -> dict[str, Any]:
         """Stats, latency histograms, the gap against 2U, Jain's index over the last minute, service
@@ -185,7 +197,7 @@ class DispatcherActor:
         class) is checked against the classes its key may use, and the reply names the tier served."""
         rid, tenant, n_prompt, max_tokens, retry, key_hash, model, prefix, block_tokens, tier = submit_args(request)
         await self._ready()
-        if key_hash is not None and self._registry.lookup(key_hash) != tenant:
+        if key_hash is None or self._registry.lookup(key_hash) != tenant:  # no key: no tenant, never a new one
             return pb.SubmitReply(rejected=REJECT_UNKNOWN_KEY)
         try:
             klass, served_tier = self._registry.class_for(tenant, tier)
@@ -290,8 +302,22 @@ class DispatcherActor:
         classes: list[str] | None = None,
     ):
         """create / update / delete, saved to the store before it counts; returns the tenant's row, or
-        {"error": (status, message)}."""
+        {"error": (status, message)}. Changes go one at a time: a change that fails restores the
+        registry as it was before it, which must not undo another change made meanwhile."""
         await self._ready()
+        async with self._changing:
+            return await self._change_tenant(action, name, key_hash, weight, cache_group, parent, classes)
+
+    async def _change_tenant(
+        self,
+        action: str,
+        name: str,
+        key_hash: str | None,
+        weight: float | None,
+        cache_group: str | None,
+        parent: str | None,
+        classes: list[str] | None,
+    ):
         assert self._store is not None
         before = self._registry.records()
         try:
@@ -327,8 +353,13 @@ class DispatcherActor:
 
     async def change_node(self, action: str, name: str, parent: str | None = None, weight: float | None = None):
         """create / update (move, reweight) / delete a tree node, checked whole and saved to the store
-        before it counts; returns the node's row, or {"error": (status, message)}."""
+        before it counts; returns the node's row, or {"error": (status, message)}. One change at a time,
+        with the tenants' changes."""
         await self._ready()
+        async with self._changing:
+            return await self._change_node(action, name, parent, weight)
+
+    async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None):
         assert self._store is not None
         before = self._registry.node_records()
         kept = any(name in service.scheduler.tenants for service in self._pools.values())
@@ -369,6 +400,9 @@ class DispatcherActor:
             self._saver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
+        for task in (self._sampler, self._sweeper):
+            if task is not None:
+                task.cancel()
         await self.persist()
         await self._admission.stop()
         for service in self._pools.values():

@@ -117,8 +117,10 @@ class TenantRegistry:
     def class_for(self, tenant: str, tier: str | None) -> tuple[str, str]:
         """(class, tier served) for a request of ``tenant`` naming ``tier`` (OpenAI's service_tier, or
         a class name; None / "auto": the tenant's default). 400 for a class this key may not use."""
-        if not self.classes:
-            return "", tier or ""
+        if not self.classes:  # one tier: a request naming another is refused, as OpenAI refuses one
+            if tier in (None, *AUTO_TIERS, "default"):
+                return "", ""
+            raise TenantError(400, f"service_tier {tier!r} is not available: this gateway serves auto or default")
         record = self._require(tenant)
         allowed = record.classes or [n for n, c in self.classes.items() if not c.spec.strict]
         if tier in (None, *AUTO_TIERS):

@@ -14,6 +14,7 @@ from ray import serve
 
 from common.frame_guard import frame_limit
 from common.loopback import front_door, pool_port, ray_environment
+from common.sections import checked_cluster_secret
 from gateway.config_schema import GatewayConfig, WorkerSettings
 from ingress.deployment import Ingress
 from workers.autoscaling import POLICY_PATH
@@ -24,6 +25,7 @@ from workers.engines import engine_for
 def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | None = None) -> serve.Application:
     """``listen``: host:port for the direct front door (each ingress replica's own HTTP server there);
     None: Serve's front door brings the requests."""
+    checked_cluster_secret(secret)
     g = config.plain()
     frames = frame_limit(config.ingress.max_body_bytes)
     pools = []

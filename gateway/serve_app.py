@@ -27,6 +27,6 @@ def build(args: dict[str, Any]):
     if ADMIN in generated:
         raise ConfigError("a deployed gateway needs an admin key: set FAIRGATE_ADMIN_KEY or FAIRGATE_ADMIN_KEY_FILE")
     secret = secret_from_env("FAIRGATE_CLUSTER_SECRET")
-    if not secret or len(secret) < 32:
-        raise ConfigError("set FAIRGATE_CLUSTER_SECRET (or FAIRGATE_CLUSTER_SECRET_FILE) to at least 32 characters")
+    if not secret:
+        raise ConfigError("set FAIRGATE_CLUSTER_SECRET (or FAIRGATE_CLUSTER_SECRET_FILE)")
     return build_app(str(args.get("app_name", "fairgate")), config, secret)

@@ -68,7 +68,7 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
 
 
 def build_http_app(routes: Routes) -> ASGIApp:
-    rest = FastAPI(title="fairgate", version="0.1.0")
+    rest = FastAPI(title="fairgate", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)  # no route map
     rest.add_exception_handler(ApiError, _api_error)
     rest.add_exception_handler(Exception, _unexpected)
     routes.add_routes(rest)

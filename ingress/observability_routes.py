@@ -23,12 +23,15 @@ class ObservabilityRoutes:
 
     async def metrics(self, request: Request) -> Response:
         """Prometheus exposition of the dispatcher's figures. Per-tenant series (capped at top_tenants)
-        only for a scrape with the admin key: tenants' names and usage are nobody else's business; an
-        anonymous scrape gets every figure summed over tenants (``tenant="other"``)."""
+        and the pool's inside (workers, their KV, queue depths) only for a scrape with the admin key:
+        tenants' names and usage, and the deployment's shape and load, are nobody else's business; an
+        anonymous scrape gets the tenants' figures summed (``tenant="other"``) and the fairness gauges."""
         key = request.headers.get("authorization", "").partition(" ")[2].strip()
-        top = self._top_tenants if key and is_admin_key(key, self._admin_key_hash) else 0
+        admin = bool(key) and is_admin_key(key, self._admin_key_hash)
         snapshot = await self._telemetry()
-        return Response(render_prometheus(snapshot, top), media_type=CONTENT_TYPE)
+        return Response(
+            render_prometheus(snapshot, self._top_tenants if admin else 0, inside=admin), media_type=CONTENT_TYPE
+        )
 
     async def dashboard(self) -> HTMLResponse:
         """The live page; it asks for the admin key and reads /admin/dashboard.json with it."""

@@ -12,8 +12,9 @@ from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
-    """The exposition text of one telemetry snapshot."""
+def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True) -> bytes:
+    """The exposition text of one telemetry snapshot. ``inside`` False (an anonymous scrape): nothing
+    of the pool's inside (no worker ids or their KV, no queue depths or backlog, no worker count)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -41,13 +42,16 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
             family.add_metric([node, nodes[node]["parent"]], float(nodes[node].get(key, 0.0)))
         families.append(family)
     scalars = [
-        ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
-        ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),
-        ("fairgate_in_flight_requests", "Requests assigned to workers", snapshot["in_flight"]),
         ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),
         ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
-        ("fairgate_workers", "Workers taking work", sum(1 for w in snapshot["workers"] if not w["draining"])),
     ]
+    if inside:
+        scalars += [
+            ("fairgate_queue_depth", "Requests waiting in the dispatcher", snapshot["queue_depth"]),
+            ("fairgate_backlog_tokens", "Prompt plus max_tokens of every waiting request", snapshot["backlog_tokens"]),
+            ("fairgate_in_flight_requests", "Requests assigned to workers", snapshot["in_flight"]),
+            ("fairgate_workers", "Workers taking work", sum(1 for w in snapshot["workers"] if not w["draining"])),
+        ]
     for name, doc, value in scalars:
         families.append(GaugeMetricFamily(name, doc, value=value))
     if snapshot.get("jain") is not None:
@@ -57,13 +61,14 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
     families.append(
         CounterMetricFamily("fairgate_dispatched", "Requests dispatched to workers", value=snapshot["dispatched"])
     )
+    workers = snapshot["workers"] if inside else []
     for key, doc in (
         ("kv_tokens", "KV pool in tokens"),
         ("kv_used_tokens", "KV tokens in use"),
         ("running", "Requests running in the engine"),
     ):
         family = GaugeMetricFamily(f"fairgate_worker_{key}", doc, labels=["worker"])
-        for w in snapshot["workers"]:
+        for w in workers:
             value = w["kv_tokens"] - w["free_tokens"] if key == "kv_used_tokens" else w[key]
             family.add_metric([w["id"]], value)
         families.append(family)
@@ -72,13 +77,13 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int) -> bytes:
         ("cached_tokens", "Prompt tokens the worker found in its prefix cache"),
     ):
         family = CounterMetricFamily(f"fairgate_worker_{key}", doc, labels=["worker"])
-        for w in snapshot["workers"]:
+        for w in workers:
             family.add_metric([w["id"]], w.get(key, 0))
         families.append(family)
     ratio = GaugeMetricFamily(
         "fairgate_worker_prefix_hit_ratio", "Share of started prompt tokens found cached", labels=["worker"]
     )
-    for w in snapshot["workers"]:
+    for w in workers:
         ratio.add_metric([w["id"]], w["cached_tokens"] / w["prompt_tokens"] if w.get("prompt_tokens") else 0.0)
     families.append(ratio)
     for key, doc in (

@@ -28,6 +28,7 @@ class SchedulerState:
     # id -> what a request that ran when its worker or this dispatcher went away was charged: what its
     # re-announcement is charged beyond
     settled: dict[str, Settled] = field(default_factory=dict)
+    settled_before: set[str] = field(default_factory=set)  # settled ids already there at the last sweep
     resumed: set[str] = field(default_factory=set)  # tenants waiting when the durable state was written
     longest_prompt: int = 0  # of every request submitted, and the largest max_tokens: for 2U
     longest_output: int = 0

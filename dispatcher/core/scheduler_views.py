@@ -157,8 +157,12 @@ class SchedulerViews:
         snapshots.restore_durable(self, data)
 
     def forget_settled(self) -> None:
-        """Drop what was kept for re-announcements and re-submissions after a restart (once every
-        worker and caller has had time to come back)."""
-        self.state.settled.clear()
-        self.state.resumed.clear()
+        """Drop what was kept for re-announcements and re-submissions once every worker and caller has
+        had time to come back: called every so often, each call drops the settled entries that were
+        already there at the one before (each is kept between one and two periods)."""
+        state = self.state
+        for request_id in state.settled_before:
+            state.settled.pop(request_id, None)
+        state.settled_before = set(state.settled)
+        state.resumed.clear()
         self.tree.resumed.clear()

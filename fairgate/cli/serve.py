@@ -71,13 +71,15 @@ class ServeOverrides:
 
 
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
-    from common.sections import secret_from_env
+    from common.sections import checked_cluster_secret, secret_from_env
     from gateway.config import load_config
     from gateway.config_schema import ADMIN
 
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
-    secret = secret_from_env("FAIRGATE_CLUSTER_SECRET") or secrets.token_hex(32)  # else one per run
+    secret = checked_cluster_secret(
+        secret_from_env("FAIRGATE_CLUSTER_SECRET") or secrets.token_hex(32)
+    )  # else one per run
 
     from ray import serve
 

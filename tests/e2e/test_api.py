@@ -96,6 +96,24 @@ def test_models_and_health(gw, client):
     assert httpx.get(gw.base_url.removesuffix("/v1") + "/healthz").json() == {"status": "ok"}
 
 
+def test_no_route_map_is_published(gw):
+    """FastAPI's generated docs would list every admin route to anyone: there are none."""
+    base = gw.base_url.removesuffix("/v1")
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(base + path).status_code == 404, path
+
+
+def test_a_tier_this_gateway_does_not_serve_is_refused_as_openai_refuses_it(gw, client):
+    """No request classes here: auto and default are served, any other tier is a 400 on service_tier."""
+    served = client.completions.create(
+        model="fairgate-sim", prompt="x", max_tokens=1, extra_body={"service_tier": "auto"}
+    )
+    assert served.usage.completion_tokens == 1
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="fairgate-sim", prompt="x", max_tokens=1, extra_body={"service_tier": "flex"})
+    assert err.value.body["param"] == "service_tier" and "flex" in err.value.body["message"]
+
+
 def test_unknown_key_and_unknown_model(gw):
     bad = openai.OpenAI(base_url=gw.base_url, api_key="fg-not-a-real-key-123456", max_retries=0)
     with pytest.raises(openai.AuthenticationError):

@@ -38,3 +38,19 @@ def test_bad_admin_keys_are_refused(monkeypatch, admin, needle):
     monkeypatch.setenv("FAIRGATE_ADMIN_KEY", admin)
     with pytest.raises(ConfigError, match=needle):
         parse_config(TENANTS)
+
+
+def test_a_short_cluster_secret_is_refused_wherever_the_gateway_is_built(monkeypatch):
+    """``fairgate serve`` and a deployment alike: every ticket and hop key derives from it."""
+    import yaml
+
+    from common.sections import checked_cluster_secret
+    from gateway.app import build_app
+
+    assert checked_cluster_secret("x" * 32) == "x" * 32
+    with pytest.raises(ConfigError, match="at least 32"):
+        checked_cluster_secret("short-secret")
+    with open("gateway/default_config.yaml") as f:
+        config, _ = parse_config(yaml.safe_load(f))
+    with pytest.raises(ConfigError, match="at least 32"):
+        build_app("short", config, "0123456789")

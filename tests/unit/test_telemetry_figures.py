@@ -141,8 +141,19 @@ def test_node_series_are_capped_like_tenants_and_only_for_the_admin():
     assert samples[("fairgate_node_virtual_service", "org")].value == 700
     assert samples[("fairgate_node_service_total", "team")].labels["parent"] == "org"
     assert samples[("fairgate_node_fairness_gap", "org")].value == 7 and ("fairgate_node_weight", "tiny") not in samples
-    anonymous = render_prometheus(snapshot(), top_n=0).decode()
+    anonymous = render_prometheus(snapshot(), top_n=0, inside=False).decode()
     assert "fairgate_node_" not in anonymous
+
+
+def test_an_anonymous_scrape_shows_nothing_of_the_pools_inside():
+    """No worker ids, KV, queue depths or worker count without the admin key; the fairness gauges stay."""
+    anonymous = render_prometheus(snapshot(), top_n=0, inside=False).decode()
+    names = {s.name for f in text_string_to_metric_families(anonymous) for s in f.samples}
+    assert not {n for n in names if n.startswith("fairgate_worker")}
+    assert not names & {"fairgate_queue_depth", "fairgate_backlog_tokens", "fairgate_in_flight_requests"}
+    assert {"fairgate_fairness_gap", "fairgate_fairness_bound_2u"} <= names
+    admin = render_prometheus(snapshot(), top_n=2).decode()
+    assert "fairgate_worker_kv_tokens" in admin and "fairgate_queue_depth" in admin
 
 
 def test_prometheus_rendering_caps_tenant_labels():

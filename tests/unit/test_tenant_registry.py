@@ -44,3 +44,15 @@ def test_unknown_keys_cost_at_most_the_budget_of_dispatcher_lookups():
     granted = sum(budget.take(now=0.0) for _ in range(100))
     assert granted == 5
     assert budget.take(now=0.05) is False and budget.take(now=0.1) is True  # 10 a second come back
+
+
+@pytest.mark.parametrize("tier", [None, "", "auto", "default"])
+def test_without_classes_the_one_tier_is_served(tier):
+    assert TenantRegistry([]).class_for("alice", tier) == ("", "")
+
+
+@pytest.mark.parametrize("tier", ["flex", "priority", "scale", "gold"])
+def test_without_classes_a_request_naming_another_tier_is_refused(tier):
+    with pytest.raises(TenantError) as err:
+        TenantRegistry([]).class_for("alice", tier)
+    assert err.value.status == 400 and tier in str(err.value)
