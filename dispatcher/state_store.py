@@ -100,15 +100,33 @@ class RedisStore:
     async def load_tenants(
         self, seed: list[dict[str, Any]], seed_nodes: list[dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        if await self._redis.set(self._seeded, "1", nx=True):
-            if seed:
-                await self._redis.hset(self._tenants, mapping={t["name"]: json.dumps(t) for t in seed})
-            if seed_nodes:
-                await self._redis.hset(self._nodes, mapping={n["name"]: json.dumps(n) for n in seed_nodes})
+        """Seeds and the seeded mark go in one transaction: a start that dies half way leaves Redis
+        unseeded (the next start seeds it), never marked seeded with no tenants (every key a 401)."""
+        if await self._seed_once(seed, seed_nodes):
             return list(seed), list(seed_nodes)
         rows = await self._redis.hgetall(self._tenants)
         nodes = await self._redis.hgetall(self._nodes)
         return [json.loads(v) for v in rows.values()], [json.loads(v) for v in nodes.values()]
+
+    async def _seed_once(self, seed: list[dict[str, Any]], seed_nodes: list[dict[str, Any]]) -> bool:
+        """Whether this call seeded Redis (False: it was seeded before, or by another start meanwhile)."""
+        from redis.exceptions import WatchError
+
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(self._seeded)
+                if await pipe.exists(self._seeded):
+                    return False
+                pipe.multi()
+                if seed:
+                    pipe.hset(self._tenants, mapping={t["name"]: json.dumps(t) for t in seed})
+                if seed_nodes:
+                    pipe.hset(self._nodes, mapping={n["name"]: json.dumps(n) for n in seed_nodes})
+                pipe.set(self._seeded, "1")
+                await pipe.execute()
+                return True
+            except WatchError:  # another start seeded it between the check and the transaction
+                return False
 
     async def put_tenant(self, record: dict[str, Any]) -> None:
         await self._redis.hset(self._tenants, record["name"], json.dumps(record))

@@ -42,6 +42,38 @@ def test_yaml_tenants_seed_an_empty_redis_once_then_redis_wins(redis_url):
     assert nodes == [NODES[0], {"name": "team", "parent": "org", "weight": 5.0}]
 
 
+def test_a_start_that_dies_while_seeding_leaves_redis_unseeded_and_the_next_start_seeds_it(redis_url, monkeypatch):
+    """The seeds and the seeded mark are one transaction: a start failing before it commits writes
+    nothing, so the next start seeds the tenants (before, the mark could be set with no tenants, and
+    every key was refused from then on)."""
+    from redis.asyncio.client import Pipeline
+
+    app = "dies-" + uuid.uuid4().hex[:6]
+    execute = Pipeline.execute
+
+    async def dies(self, *args, **kwargs):
+        raise ConnectionError("the dispatcher's node went away")
+
+    async def scenario():
+        first = await open_store({"redis_url": redis_url}, app)
+        monkeypatch.setattr(Pipeline, "execute", dies)
+        with pytest.raises(ConnectionError):
+            await first.load_tenants(SEED, NODES)
+        monkeypatch.setattr(Pipeline, "execute", execute)
+        await first.close()
+        again = await open_store({"redis_url": redis_url}, app)
+        loaded = await again.load_tenants(SEED, NODES)
+        racing = await open_store({"redis_url": redis_url}, app)
+        later = await racing.load_tenants([{"name": "other", "key_hash": "h-o", "weight": 1.0}], [])
+        await again.close()
+        await racing.close()
+        return loaded, later
+
+    loaded, later = run(scenario())
+    assert loaded == (SEED, NODES)
+    assert sorted(t["name"] for t in later[0]) == sorted(t["name"] for t in SEED)  # seeded once: Redis wins
+
+
 def test_durable_state_round_trips_through_redis(redis_url):
     s = FairScheduler(SchedulerConfig())
     s.worker_join("w", 1000)
