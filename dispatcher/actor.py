@@ -35,7 +35,7 @@ from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 100_000
-FORGET_SETTLED_AFTER_S = 120.0  # by then every worker has re-attached and re-announced its requests
+FORGET_SETTLED_AFTER_S = 160.0  # longer than a worker re-announces what ended (150 s): kept for that
 
 
 DEFAULT_BODY_BYTES = 1 << 20  # the ingress's default largest body, for settings made without one
@@ -108,7 +108,7 @@ class DispatcherActor:
             scheduler = service.scheduler
             saved = await self._store.load_state(self._state_key(model))
             if saved is not None:
-                scheduler.restore_durable(saved)
+                service.restore(saved)
                 log.warning("dispatcher: %s continues from saved counters of %d tenants", model, len(saved["tenants"]))
             for name, parent, weight in self._registry.tree_order():
                 scheduler.set_node(name, parent, weight)
@@ -172,7 +172,7 @@ class DispatcherActor:
             return False
         try:
             for model, service in self._pools.items():
-                await self._store.save_state(service.scheduler.durable_state(), self._state_key(model))
+                await self._store.save_state(service.durable_state(), self._state_key(model))
             return True
         except Exception as exc:  # serving goes on; the next interval tries again
             log.warning("dispatcher: could not save state: %s", exc)

@@ -120,6 +120,16 @@ class DispatcherService:
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
+    def durable_state(self) -> dict[str, Any]:
+        """The scheduler's durable state, stamped with when it was saved on this service's clock (the
+        tickets' clock)."""
+        return self.scheduler.durable_state(saved_at=self._clock())
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from a durable state (a restart): requests the dispatcher before assigned after
+        it was saved and that ended meanwhile are settled when their workers re-announce them."""
+        self.scheduler.restore_durable(saved, now=self._clock())
+
     # ------------------------------------------------------------------ ingress API
 
     async def submit(
@@ -365,7 +375,8 @@ class DispatcherService:
             now = self._clock()
             for r in h.ended:  # ended while the stream was down: settled here, exactly once
                 args = (r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, now)
-                if s.settle_ended(h.worker_id, *args):
+                assigned_at = r.ticket_expires_at - self._ttl if r.ticket_expires_at else None
+                if s.settle_ended(h.worker_id, *args, assigned_at=assigned_at):
                     self._forget_orphan(r.request_id)
             return h.worker_id
         if kind == "report":

@@ -138,6 +138,10 @@ class IngressSettings(OpenSection):
 
     replicas: int = Field(1, ge=1, description="ingress replicas")
     max_body_bytes: int = Field(1 << 20, ge=1, description="largest request body (413 above)")
+    body_timeout_s: float = Field(30.0, gt=0, description="time a request body may take to arrive (408 after)")
+    max_open_per_tenant: int = Field(
+        1024, ge=1, description="HTTP requests one tenant may have open at one replica (429 above)"
+    )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens of a request that gives none")
     max_model_len: int = Field(4096, ge=2, description="longest prompt + output when the engine does not say")
 

@@ -32,6 +32,7 @@ from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_by
 from ingress.http_app import ASGIApp, ByteRelay, build_http_app
 from ingress.listener import DirectListener
 from ingress.observability_routes import ObservabilityRoutes
+from ingress.open_requests import OpenRequests, released_after
 from ingress.openai_api import ChatFields, CompletionFields, parse_json
 from ingress.pools import ModelPools
 from ingress.service_tier import echo_tier
@@ -76,6 +77,8 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
         self._pools = ModelPools(gateway)
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
+        self._body_timeout_s = float(gateway["ingress"]["body_timeout_s"])
+        self._open = OpenRequests(int(gateway["ingress"]["max_open_per_tenant"]))
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._lookups = LookupBudget()
         self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
@@ -152,8 +155,18 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
     async def generation(self, request: Request, endpoint: str) -> ASGIApp:
         """``POST /v1/chat/completions`` (``endpoint`` "chat") or ``/v1/completions``: admit the
         request (its size, estimated as the engine counts), wait for its turn, then relay the engine's
-        answer from the assigned worker, bytes unchanged."""
+        answer from the assigned worker, bytes unchanged. It counts as one of its tenant's open
+        requests here until its answer has gone (``ingress/open_requests.py``)."""
         tenant, key_hash = await self._caller(request)
+        release = self._open.take(tenant)
+        try:
+            answer = await self._answer(request, endpoint, tenant, key_hash)
+        except BaseException:
+            release()
+            raise
+        return released_after(answer, release)
+
+    async def _answer(self, request: Request, endpoint: str, tenant: str, key_hash: str) -> ASGIApp:
         raw = await self._raw_body(request)
         req = parse_body(ChatFields if endpoint == "chat" else CompletionFields, parse_json(raw))
         pool = self._pools.pool(req.model, tenant)
@@ -396,8 +409,17 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > limit:
-                raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        try:
+            async with asyncio.timeout(self._body_timeout_s):  # a slow upload holds a slot: not for ever
+                async for part in request.stream():
+                    raw += part
+                    if len(raw) > limit:
+                        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {self._body_timeout_s:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},  # the rest of that body is not waited for either
+            ) from None
         return bytes(raw)

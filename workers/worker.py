@@ -36,7 +36,7 @@ from workers.generate_server import GenerateServer
 log = logging.getLogger(__name__)
 
 GENERATED_KEPT = 50_000
-ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher forgets lost requests at 120 s)
+ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher keeps its side 160-320 s)
 ENDED_KEPT = 20_000
 # A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
 # when an engine steps fast (each message costs the worker, the ingress and the client CPU; figures in
@@ -61,6 +61,7 @@ class _Running:
     prompt_tokens: int
     max_tokens: int
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
+    ticket_expires_at: float = 0.0  # on its dispatcher's clock (a restarted dispatcher reads it)
     started: bool = False  # the engine started it (reported so)
     finish: str = ""  # how the engine ended it, once reported
     linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S))  # its bytes' joining; ends with it
@@ -349,7 +350,9 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
     w.generated[t.request_id] = w.generated.get(t.request_id, 0) + 1
     if len(w.generated) > GENERATED_KEPT:
         w.generated.popitem(last=False)
-    running = w._running[t.request_id] = _Running(t.tenant, request.prompt_tokens, request.max_tokens)
+    running = w._running[t.request_id] = _Running(
+        t.tenant, request.prompt_tokens, request.max_tokens, ticket_expires_at=t.expires_at
+    )
     scope = contextvars.copy_context()
     scope.run(current_grant.set, TicketGrant(t.request_id, t.tenant, body["cache_salt"], t.priority))
     response = None
@@ -436,6 +439,7 @@ def _announced(request_id: str, r: _Running) -> pb.RunningRequest:
         prompt_tokens=r.prompt_tokens,
         output_tokens=r.reported,
         max_tokens=r.max_tokens,
+        ticket_expires_at=r.ticket_expires_at,
     )
 
 

@@ -91,18 +91,20 @@ class Hello(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., watermark_tokens: _Optional[int] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens", "ticket_expires_at")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_tokens: int
     output_tokens: int
     max_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    ticket_expires_at: float
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ...) -> None: ...
 
 class StepReport(_message.Message):
     __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds")

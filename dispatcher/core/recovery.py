@@ -130,20 +130,30 @@ class WorkerRecovery:
         max_tokens: int,
         output_tokens: int,
         now: float,
+        assigned_at: float | None = None,
     ) -> bool:
         """A worker says a request ended on it with ``output_tokens``, in a hello after its stream
         broke or this dispatcher restarted. Settle it exactly once: a request this scheduler lost
         with the worker (or put back in its queue, or placed again elsewhere without starting) is
         adopted and finished; one it still tracks there is brought to its final count and finished;
-        one already finished is left alone. True when it was settled here."""
+        one already finished is left alone. One it never knew, assigned (``assigned_at``) by the
+        dispatcher before this one after the state this one restored was saved, is in no saved
+        counter: adopted and finished too. True when it was settled here."""
         req = self.state.in_flight.get(request_id)
         if req is not None and req.worker == worker_id:
             if output_tokens > req.output_tokens:
                 self.on_report(worker_id, {request_id: output_tokens - req.output_tokens})
             self.on_finish(request_id, output_tokens, "stop", now)
             return True
-        if req is None and request_id not in self.state.settled and request_id not in self.state.queued_ids:
-            return False  # finished here before: nothing to do
+        state = self.state
+        unsaved_window = False
+        if req is None and request_id not in state.settled and request_id not in state.queued_ids:
+            unsaved = state.unsaved
+            if request_id in state.recovered or unsaved is None or assigned_at is None:
+                return False  # finished here before: nothing to do
+            if not unsaved[0] <= assigned_at < unsaved[1]:
+                return False  # counted in the state restored, or assigned and finished here
+            unsaved_window = True
         if req is not None:
             if req.started:
                 return False  # it runs elsewhere: that worker reports it
@@ -151,4 +161,6 @@ class WorkerRecovery:
         if not self.adopt(worker_id, request_id, tenant, prompt_tokens, max_tokens, output_tokens):
             return False
         self.on_finish(request_id, output_tokens, "stop", now)
+        if unsaved_window:
+            state.recovered.add(request_id)
         return True

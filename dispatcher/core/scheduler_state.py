@@ -30,6 +30,10 @@ class SchedulerState:
     settled: dict[str, Settled] = field(default_factory=dict)
     settled_before: set[str] = field(default_factory=set)  # settled ids already there at the last sweep
     resumed: set[str] = field(default_factory=set)  # tenants waiting when the durable state was written
+    # [saved, restored): when the durable state this scheduler continues from was written, and when it
+    # was restored; what the dispatcher before assigned in between, no saved counter holds
+    unsaved: tuple[float, float] | None = None
+    recovered: set[str] = field(default_factory=set)  # ids from that window settled here (never twice)
     longest_prompt: int = 0  # of every request submitted, and the largest max_tokens: for 2U
     longest_output: int = 0
 

@@ -148,13 +148,13 @@ class SchedulerViews:
         snapshots.restore_snapshot(s, data)  # type: ignore[arg-type]
         return s
 
-    def durable_state(self) -> dict[str, Any]:
+    def durable_state(self, saved_at: float | None = None) -> dict[str, Any]:
         """What a restarted dispatcher needs to continue fairly (``dispatcher.core.snapshots``)."""
-        return snapshots.durable_state(self)
+        return snapshots.durable_state(self, saved_at)
 
-    def restore_durable(self, data: Mapping[str, Any]) -> None:
+    def restore_durable(self, data: Mapping[str, Any], now: float | None = None) -> None:
         """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
-        snapshots.restore_durable(self, data)
+        snapshots.restore_durable(self, data, now)
 
     def forget_settled(self) -> None:
         """Drop what was kept for re-announcements and re-submissions once every worker and caller has
@@ -163,6 +163,7 @@ class SchedulerViews:
         state = self.state
         for request_id in state.settled_before:
             state.settled.pop(request_id, None)
-        state.settled_before = set(state.settled)
+            state.recovered.discard(request_id)
+        state.settled_before = set(state.settled) | state.recovered
         state.resumed.clear()
         self.tree.resumed.clear()

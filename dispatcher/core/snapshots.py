@@ -109,9 +109,10 @@ def restore_snapshot(s: Snapshottable, data: Mapping[str, Any]) -> None:
         state.index_arrivals()
 
 
-def durable_state(s: Snapshottable) -> dict[str, Any]:
+def durable_state(s: Snapshottable, saved_at: float | None = None) -> dict[str, Any]:
     """What a restarted dispatcher needs to continue fairly. An assignment that has not started is
-    written as if refunded: after the restart it starts (and is adopted) or is submitted again."""
+    written as if refunded: after the restart it starts (and is adopted) or is submitted again.
+    ``saved_at``: now, on the clock its tickets' expiries are read from."""
     nodes = {
         n.name: TreeNode(n.name, n.weight, n.parent, n.counter, n.service, n.lifted, n.implicit)
         for n in s.tree.nodes.values()
@@ -152,11 +153,13 @@ def durable_state(s: Snapshottable) -> dict[str, Any]:
         "longest": state.longest(),
         "policy": s.policy.snapshot(),
         "lengths": s.lengths.snapshot(),
+        "saved_at": saved_at,
     }
 
 
-def restore_durable(s: Snapshottable, data: Mapping[str, Any]) -> None:
-    """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
+def restore_durable(s: Snapshottable, data: Mapping[str, Any], now: float | None = None) -> None:
+    """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker); ``now``:
+    when, on the clock the state's ``saved_at`` was read from."""
     if data.get("version") not in (1, 2, DURABLE_VERSION):  # 1: no waiting set recorded; 2: no tree
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     state = s.state
@@ -177,6 +180,8 @@ def restore_durable(s: Snapshottable, data: Mapping[str, Any]) -> None:
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
     if data.get("lengths"):
         s.lengths.restore(dict(data["lengths"]))
+    if data.get("saved_at") is not None and now is not None:
+        state.unsaved = (float(data["saved_at"]), now)
 
 
 def _nodes_of_unstarted(s: Snapshottable) -> set[str]:

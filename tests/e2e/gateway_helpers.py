@@ -85,6 +85,7 @@ def start_deploy(
     classes: list[dict[str, Any]] | None = None,
     tenant_fields: dict[str, dict[str, Any]] | None = None,
     engine_queue: int = 8,
+    ingress: dict[str, Any] | None = None,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -95,7 +96,8 @@ def start_deploy(
     simulated ones above. ``cache_groups``: tenant -> the group whose cached prefixes it shares.
     ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
     its configuration (``parent``, ``classes``). ``engine_queue``: requests that may wait inside an
-    engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue)."""
+    engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue).
+    ``ingress``: more of the ingress section."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -127,6 +129,7 @@ def start_deploy(
             "max_body_bytes": max_body_bytes,
             "max_model_len": max_model_len,
             "default_max_tokens": 16,
+            **(ingress or {}),
         },
         "tenants": [
             {"name": t, "api_key": k, "cache_group": (cache_groups or {}).get(t), **(tenant_fields or {}).get(t, {})}

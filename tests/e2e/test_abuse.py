@@ -19,10 +19,20 @@ from .gateway_helpers import Gateway, deploy, holds_nothing
 
 pytestmark = pytest.mark.slow
 
+OPEN_CAP, BODY_TIMEOUT_S = 32, 2.0
+
 
 @pytest.fixture(scope="module")
 def gw(serve_port) -> Gateway:
-    gateway = deploy("abuse", serve_port, workers=2, kv_tokens=2000, step_s=0.01, tenants=("alice", "bob", "mallory"))
+    gateway = deploy(
+        "abuse",
+        serve_port,
+        workers=2,
+        kv_tokens=2000,
+        step_s=0.01,
+        tenants=("alice", "bob", "mallory"),
+        ingress={"max_open_per_tenant": OPEN_CAP, "body_timeout_s": BODY_TIMEOUT_S},
+    )
     yield gateway
     gateway.delete()
 
@@ -106,3 +116,52 @@ def test_a_flood_of_random_keys_locks_no_tenant_out(gw):
     assert statuses.count(200) == len(statuses), collections.Counter(statuses)
     assert set(flood["statuses"]) == {"401"}, flood
     assert flood["rate"] >= 1_000  # 20x the look-up budget at least, whatever the machine's speed
+
+
+async def _slow_upload(address: str, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A request whose headers promise a body that never comes."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode()
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def _response(reader: asyncio.StreamReader) -> bytes:
+    """One HTTP response: its head and its body (by Content-Length)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+def test_slow_uploads_time_out_and_one_tenant_cannot_hold_every_request_slot(gw):
+    """A tenant holding its cap of open requests with bodies that never arrive: its next request is a
+    429 at once, another tenant is served meanwhile, and each slow upload ends with a 408 after the
+    body deadline, which frees its slot."""
+    address = gw.base_url.removeprefix("http://").removesuffix("/v1")
+    model = gw.config.model
+
+    async def scenario():
+        slow = [await _slow_upload(address, gw.keys["mallory"]) for _ in range(OPEN_CAP)]
+        await asyncio.sleep(0.3)
+        mallory = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys["mallory"], max_retries=0, timeout=30)
+        alice = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys["alice"], max_retries=0, timeout=30)
+        with pytest.raises(openai.RateLimitError) as over:
+            await mallory.completions.create(model=model, prompt="hi", max_tokens=2)
+        served = await alice.completions.create(model=model, prompt="hi", max_tokens=2)
+        answers = [await asyncio.wait_for(_response(reader), BODY_TIMEOUT_S + 10) for reader, _ in slow]
+        for _, writer in slow:
+            writer.close()
+        after = await mallory.completions.create(model=model, prompt="hi", max_tokens=2)
+        return over.value, served, answers, after
+
+    over, served, answers, after = asyncio.run(scenario())
+    assert over.body["code"] == "too_many_open_requests" and over.response.headers["retry-after"].isdigit()
+    assert served.usage.completion_tokens == 2 and after.usage.completion_tokens == 2
+    for answer in answers:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and json.loads(body)["error"]["code"] == "request_timeout"

@@ -474,6 +474,55 @@ def test_a_worker_re_attaching_to_a_restarted_dispatcher_re_announces_what_it_ru
     asyncio.run(scenario())
 
 
+def test_requests_assigned_and_ended_between_the_last_save_and_a_restart_are_counted_once():
+    """The dispatcher saves its state, assigns and finishes more requests, then dies. The one that
+    takes over from the saved state learns those requests from the worker's hello (their tickets say
+    they were assigned after the save) and counts them, exactly once, whatever hellos follow."""
+
+    async def scenario():
+        old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+        old_address, new_address = await old.start(), await new.start()
+        where = {"address": old_address}
+
+        async def locate() -> str:
+            return where["address"]
+
+        worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, FAST)))
+        await worker.start()
+        while not len(old.scheduler.workers):
+            await asyncio.sleep(0.01)
+
+        async def run(rid: str) -> None:
+            placement = await old.submit(rid, "A", 10, 20)
+            await generate(placement, "x " * 10, 20)
+            while rid in old.scheduler.in_flight():
+                await asyncio.sleep(0.005)
+
+        await run("before")
+        saved = old.durable_state()
+        for i in range(5):  # assigned and ended after the save: in no saved counter
+            await run(f"after{i}")
+        total = old.scheduler.tenants["A"].service
+        assert total == 6 * (10 + 2 * 20)
+        new.restore(saved)
+        where["address"] = new_address
+        await old.stop()
+        while "w0" not in new.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        assert new.scheduler.tenants["A"].service == total
+        await new.stop()  # the stream breaks again: the next hello re-announces the same requests
+        again = await new.start()
+        where["address"] = again
+        while "w0" not in new.scheduler.workers.slots:
+            await asyncio.sleep(0.01)
+        assert new.scheduler.tenants["A"].service == total  # never twice
+        await worker.stop()
+        await new.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_ticket_serves_once_and_no_more_than_it_admitted():
     async def scenario():
         service, workers = await cluster()
