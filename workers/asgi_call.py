@@ -118,12 +118,16 @@ async def call_asgi(
 
     loop = asyncio.get_running_loop()
     task = loop.create_task(run(), context=context) if context is not None else loop.create_task(run())
-    start = await _next(queue, task)
-    if start is _END or start.get("type") != "http.response.start":
-        await _settle(task)
-        raise RuntimeError("the engine's OpenAI layer sent no response")
-    response_headers = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
-    first, more = await _body_piece(queue, task)
+    try:
+        start = await _next(queue, task)
+        if start is _END or start.get("type") != "http.response.start":
+            raise RuntimeError("the engine's OpenAI layer sent no response")
+        response_headers = {k.decode().lower(): v.decode() for k, v in start.get("headers", [])}
+        first, more = await _body_piece(queue, task)
+    except BaseException:  # the caller left (or the app failed) before its first bytes: a prefill under
+        disconnected.set()  # way is aborted as for a client gone later, not left to run to its end
+        await asyncio.shield(_settle(task))
+        raise
 
     async def chunks() -> AsyncIterator[bytes]:
         nonlocal more

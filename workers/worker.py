@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 GENERATED_KEPT = 50_000
 ENDED_KEPT_S = 150.0  # a hello lists what ended this long ago (the dispatcher keeps its side 160-320 s)
 ENDED_KEPT = 20_000
+LEAVING_KEPT = 10_000  # requests left by their callers that the engine has not finished yet
 # A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
 # when an engine steps fast (each message costs the worker, the ingress and the client CPU; figures in
 # docs/speed.md); the first piece, a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after
@@ -98,6 +99,9 @@ class Worker:
         # what ended here lately, with its final count as ``reported``: a hello re-announces it (its last
         # reports may have been lost with a broken stream); request id -> (request, when it ended)
         self._ended: OrderedDict[str, tuple[_Running, float]] = OrderedDict()
+        # requests whose caller left while the engine still had them (a prefill under way): their step
+        # reports still name their tenant, so the dispatcher charges what the engine did for them
+        self._leaving: OrderedDict[str, _Running] = OrderedDict()
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
@@ -157,21 +161,35 @@ class Worker:
         if report.started or report.finished:
             self._urgent = True
             self._hurry.set()
+        leaving = self._leaving
         for rid, n in report.started.items():
-            if rid in running:
-                running[rid].prompt_tokens = n
-                running[rid].started = True
+            r = running.get(rid) or leaving.get(rid)
+            if r is not None:
+                r.prompt_tokens = n
+                r.started = True
         for rid, k in report.new_tokens.items():
             if rid in running:
                 running[rid].reported += k
+            elif rid in leaving:
+                leaving[rid].reported += k
             elif rid in self._ended:  # its last step's report came after its stream ended
                 self._ended[rid][0].reported += k
+        message = _report_message(report, lambda rid: running.get(rid) or leaving.get(rid))
         for f in report.finished:
             r = running.get(f.id)
             if r is not None:
                 r.finish = f.reason
                 r.linger.end()  # its last bytes go at once
-        self._outbox.put_nowait(pb.WorkerMessage(report=_report_message(report, running)))
+            gone = leaving.pop(f.id, None)
+            if gone is not None:
+                self._remember_ended(f.id, gone, f.output_tokens)
+        self._outbox.put_nowait(pb.WorkerMessage(report=message))
+
+    def _left(self, request_id: str, r: _Running) -> None:
+        """Its caller left while the engine still had it: kept until the engine says it ended."""
+        self._leaving[request_id] = r
+        while len(self._leaving) > LEAVING_KEPT:
+            self._leaving.popitem(last=False)
 
     def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
         """Keep what a request that ran here ended with, for the hellos of the next minutes."""
@@ -386,6 +404,8 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         ended = w._running.pop(t.request_id, None)
         if not w.runner.pop_reached(t.request_id):
             w.settle_unreached(t.request_id)
+        elif ended is not None and not ended.finish:  # the engine has not said it ended: it may still report
+            w._left(t.request_id, ended)
         elif ended is not None:
             w._remember_ended(t.request_id, ended, ended.reported)
         span.set_attribute("fairgate.completion_tokens", running.reported)
@@ -476,10 +496,11 @@ def _merge_queued(
     return pb.WorkerMessage(report=merged), held
 
 
-def _report_message(report: StepReport, running: dict[str, _Running]) -> pb.StepReport:
+def _report_message(report: StepReport, known: Callable[[str], _Running | None]) -> pb.StepReport:
+    """A step's report, each started request with its tenant (``known``: what this worker holds of it)."""
     started = []
     for rid, n in report.started.items():
-        r = running.get(rid)
+        r = known(rid)
         tenant, max_tokens = (r.tenant, r.max_tokens) if r else ("", 0)
         cached = report.cached.get(rid, 0)
         started.append(

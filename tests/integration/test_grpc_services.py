@@ -4,6 +4,7 @@ dispatcher, the data plane's and admission's real frames on TCP."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -519,6 +520,46 @@ def test_requests_assigned_and_ended_between_the_last_save_and_a_restart_are_cou
         assert new.scheduler.tenants["A"].service == total  # never twice
         await worker.stop()
         await new.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_prefill_under_way_when_its_client_leaves_is_charged_even_if_the_release_comes_first():
+    """The client leaves while the engine prefills its request; the ingress releases the request at the
+    dispatcher before the worker's report says it started (the ingress's path: its data-plane stream
+    closed, then ``release``). The engine did the prefill: the tenant pays for it, as it pays for any
+    prompt the engine took in, and the engine stops it at once. (Before, the worker's report named no
+    tenant for a request its caller had left, so the dispatcher, which had refunded it, could not charge
+    it: a free prefill; and a caller leaving before the first output did not abort it in the engine.)"""
+    from ingress.generation import Outcome, WorkerConnections, stream_bytes
+
+    async def scenario():
+        slow_steps = StepTimeModel(0.3, 0.0, 0.0, 0.0)  # a step (the prefill) takes 300 ms
+        service, workers = await cluster(steps=slow_steps)
+        engine = workers[0].runner.engine
+        connections = WorkerConnections(SECRET)
+        prompt = "x " * 200
+        n_prompt = count_tokens(prompt)
+        placement = await service.submit("left", "A", n_prompt, 50)
+        request = completion_request(placement.ticket_message(), prompt, 50, prompt_tokens=n_prompt)
+        data = stream_bytes(connections, placement.address, request, Outcome())
+        first = asyncio.create_task(anext(data))
+        while not any(r.id == "left" for r in engine.running):  # the engine has taken it in: prefilling
+            await asyncio.sleep(0.005)
+        first.cancel()  # the client leaves before any output ...
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        await data.aclose()
+        service.release("left")  # ... and the ingress frees it at once, before the step's report
+        assert service.scheduler.tenants["A"].service == 0  # refunded, as far as the dispatcher knew
+        for _ in range(300):  # the step's report (started, then ended) arrives
+            if service.scheduler.tenants["A"].service and not service.scheduler.in_flight():
+                break
+            await asyncio.sleep(0.01)
+        a = service.scheduler.tenants["A"]
+        assert a.service == n_prompt + 2 * a.output_tokens and a.output_tokens <= 1  # the prefill's step only
+        assert not service.scheduler.in_flight() and not engine.has_work()  # aborted in the engine at once
+        await shutdown(service, workers)
 
     asyncio.run(scenario())
 
