@@ -4,6 +4,7 @@ Ray Serve application, and start it on a local Ray cluster kept on loopback."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from common.frame_guard import frame_limit
 from common.loopback import front_door, pool_port, ray_environment
 from common.sections import checked_cluster_secret
 from gateway.config_schema import GatewayConfig, WorkerSettings
-from ingress.deployment import Ingress
+from ingress.deployment import INGRESS_ACTOR_OPTIONS, Ingress
 from workers.autoscaling import POLICY_PATH
 from workers.deployment import WorkerReplica
 from workers.engines import engine_for
@@ -37,8 +38,20 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
             options["max_replicas_per_node"] = 1
         given = {**workers, "telemetry": g["telemetry"], "port": port, "max_frame_bytes": frames}
         pools.append(WorkerReplica.options(**options).bind(app_name, given, secret, m.name))
-    ingress = Ingress.options(num_replicas=config.ingress.replicas)
+    ingress = Ingress.options(num_replicas=config.ingress.replicas, **ingress_placement())
     return ingress.bind(app_name, ingress_view(g), secret, pools, listen)
+
+
+# A Ray custom resource only the nodes meant for the ingress have (where the front door is, and the
+# dispatcher, which the ingress creates); unset: any node.
+INGRESS_RESOURCE_ENV = "FAIRGATE_INGRESS_RESOURCE"
+
+
+def ingress_placement() -> dict[str, Any]:
+    resource = os.environ.get(INGRESS_RESOURCE_ENV)
+    if not resource:
+        return {}
+    return {"ray_actor_options": {**INGRESS_ACTOR_OPTIONS, "resources": {resource: 0.001}}}
 
 
 # How each pool's replicas are run: none of the ingress's business. Left out of what the ingress is built

@@ -60,8 +60,11 @@ SAME_LOOP = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 GRACEFUL_SHUTDOWN_S = 120  # a replica going away finishes the streams it relays, for up to this long
 
 
+INGRESS_ACTOR_OPTIONS = {"num_cpus": 0, "runtime_env": SAME_LOOP}
+
+
 @serve.deployment(
-    ray_actor_options={"num_cpus": 0, "runtime_env": SAME_LOOP},
+    ray_actor_options=INGRESS_ACTOR_OPTIONS,
     max_ongoing_requests=10_000,
     graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S,
     max_surge_percent=100,  # a redeploy starts the new replicas first: the port is never without a listener

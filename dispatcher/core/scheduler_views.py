@@ -106,6 +106,7 @@ class SchedulerViews:
                     "weight": t.weight,
                     "counter": t.counter,
                     "service": t.service,
+                    "lifted": t.lifted,
                     "queued": len(t.queue),
                     "queued_tokens": t.queued_tokens,
                     "in_flight": t.in_flight,

@@ -240,6 +240,7 @@ def test_worker_pods_hold_no_tenant_key_admin_key_or_redis_password(rendered, ov
     head = pod_templates(rendered[overlay])["fairgate-head"]["spec"]
     env = {e["name"]: e for e in head["containers"][0]["env"]}
     assert env["FAIRGATE_DISPATCHER_RESOURCE"]["value"] == "fairgate-dispatcher"  # the dispatcher runs here
+    assert env["FAIRGATE_INGRESS_RESOURCE"]["value"] == "fairgate-dispatcher"  # and the ingress (key hashes)
     cluster = one(rendered[overlay], "RayService")["spec"]["rayClusterConfig"]
     assert "fairgate-dispatcher" in cluster["headGroupSpec"]["rayStartParams"]["resources"]
     assert "fairgate-dispatcher" not in str(cluster["workerGroupSpecs"][0]["rayStartParams"])

@@ -1,0 +1,283 @@
+"""A whole node lost under load, on a real multi-node Ray cluster on this machine, as its own driver
+(``python -m tests.e2e.node_loss``; ``tests/e2e/test_node_loss.py`` runs it and checks its figures).
+
+A head (the dispatcher, the ingress and Serve's proxy: no CPU for replicas) and two worker nodes (one
+CPU each: one worker replica each) are started with ``ray start``, every port on loopback and given.
+Two tenants flood the gateway with streaming requests; one worker node is killed whole (its raylet
+and every process under it, SIGKILL); later the node is started again, as Kubernetes would replace a
+pod. Prints one JSON object: how each request ended (by reason), when the replica came back, the
+tokens each tenant was charged against what its clients received, and the fair shares after recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from tests.conftest import free_port
+
+PROMPT = "word " * 60
+MAX_TOKENS = 40
+STREAMS = 6  # closed-loop streams per tenant
+STEP_S = 0.02
+KV_TOKENS = 4000
+ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "FAIRGATE_DISPATCHER_RESOURCE": "fg-head",
+    "FAIRGATE_INGRESS_RESOURCE": "fg-head",
+    # a dead node is declared dead within a few seconds (Ray's default waits about half a minute)
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    # Ray's token authentication on, as on Kubernetes: every node and the driver hold this run's token
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": secrets.token_hex(32),
+}
+RAY_START = [sys.executable, "-m", "tests.e2e.ray_start_loopback", "start"]  # every listener on 127.0.0.1
+
+
+WORKER_PORTS = {"head": 20400, "node-a": 20600, "node-b": 20800}
+
+
+@dataclass
+class Node:
+    name: str
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def start(self, gcs: int | None, temp_dir: str, resources: dict[str, float], cpus: int) -> None:
+        names = ["node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc"]
+        names += ["dashboard-agent-listen", "metrics-export", "min-worker"]
+        if not self.ports:
+            self.ports = {n: free_port() for n in names}
+            base = WORKER_PORTS[self.name]  # a worker port range of its own, outside Ray's default
+            self.ports["min-worker"], self.ports["max-worker"] = base, base + 99
+        args = [*RAY_START, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0"]
+        args += [f"--resources={json.dumps(resources)}", "--disable-usage-stats"]
+        args += [f"--{n}-port={p}" for n, p in self.ports.items() if n not in ("min-worker", "max-worker")]
+        args += [f"--min-worker-port={self.ports['min-worker']}", f"--max-worker-port={self.ports['max-worker']}"]
+        if gcs is None:
+            args += ["--head", f"--port={self.ports.setdefault('gcs', free_port())}", f"--temp-dir={temp_dir}"]
+            args += [
+                "--include-dashboard=false",
+                f"--ray-client-server-port={self.ports.setdefault('client', free_port())}",
+            ]
+        else:
+            args += [f"--address=127.0.0.1:{gcs}"]
+        done = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"ray start ({self.name}) failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+
+    def raylet(self) -> psutil.Process:
+        port = f"--node_manager_port={self.ports['node-manager']}"
+        for proc in psutil.process_iter(["cmdline"]):
+            if port in (proc.info["cmdline"] or []):
+                return proc
+        raise RuntimeError(f"no raylet for {self.name}")
+
+    def kill(self) -> int:
+        """The node's raylet, every process under it and every worker process of it, at once
+        (SIGKILL): the node is gone."""
+        raylet = self.raylet()
+        port = str(self.ports["node-manager"])
+        victims = {raylet, *raylet.children(recursive=True)}
+        victims |= {p for p in psutil.process_iter(["cmdline"]) if _names_port(p.info["cmdline"], "node", port)}
+        return _kill(victims)
+
+
+def _names_port(cmdline: list[str] | None, what: str, port: str) -> bool:
+    return any(what in arg and arg.endswith("=" + port) for arg in cmdline or [])
+
+
+def _kill(victims: set[psutil.Process]) -> int:
+    for proc in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGKILL)
+    psutil.wait_procs(list(victims), timeout=10)
+    return len(victims)
+
+
+def stop_cluster(nodes: list[Node]) -> None:
+    """Every process of this cluster (and none of another Ray on this machine): each node's, and every
+    process that names this cluster's GCS."""
+    gcs = f"127.0.0.1:{nodes[0].ports['gcs']}"
+    for node in nodes:
+        with contextlib.suppress(RuntimeError):
+            node.kill()
+    port = str(nodes[0].ports["gcs"])
+    rest = {
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid != os.getpid() and any(gcs in a or a.endswith("=" + port) for a in p.info["cmdline"] or [])
+    }
+    _kill(rest)
+
+
+@dataclass
+class Outcomes:
+    completed: dict[str, int] = field(default_factory=dict)  # tenant -> requests that got all their tokens
+    received: dict[str, int] = field(default_factory=dict)  # tenant -> tokens its clients received
+    failed: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def stream_loop(client: Any, tenant: str, stop: asyncio.Event, out: Outcomes) -> None:
+    while not stop.is_set():
+        tokens, streamed = 0, False
+        try:
+            stream = await client.completions.create(
+                model="fairgate-sim",
+                prompt=PROMPT,
+                max_tokens=MAX_TOKENS,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            async for chunk in stream:
+                streamed = streamed or bool(chunk.choices and chunk.choices[0].text)
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            if tokens == MAX_TOKENS:
+                out.completed[tenant] = out.completed.get(tenant, 0) + 1
+                out.received[tenant] = out.received.get(tenant, 0) + tokens
+            else:
+                out.failed.append({"tenant": tenant, "streamed": streamed, "reason": f"ended with {tokens} tokens"})
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            out.failed.append({"tenant": tenant, "streamed": streamed, "reason": reason})
+
+
+def main() -> dict[str, Any]:
+    os.environ.update(ENV)  # before Ray is imported: it reads its authentication mode once
+    import openai
+    import ray
+    import yaml
+    from ray import serve
+    from ray.serve import _private as _
+
+    from gateway.app import build_app
+    from gateway.config import parse_config
+
+    temp_dir = tempfile.mkdtemp(prefix="fg-nodes-")
+    head, node_a, node_b = Node("head"), Node("node-a"), Node("node-b")
+    figures: dict[str, Any] = {}
+    try:
+        head.start(None, temp_dir, {"fg-head": 1}, cpus=0)
+        gcs = head.ports["gcs"]
+        node_a.start(gcs, temp_dir, {"fg-worker": 1}, cpus=1)
+        node_b.start(gcs, temp_dir, {"fg-worker": 1}, cpus=1)
+        ray.init(address=f"127.0.0.1:{gcs}", logging_level="ERROR")
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
+        keys = {t: "fg-test-" + secrets.token_hex(12) for t in ("alice", "bob")}
+        with open("gateway/default_config.yaml") as f:
+            raw = yaml.safe_load(f)
+        raw["tenants"] = [{"name": t, "api_key": k} for t, k in keys.items()]
+        raw["admin_api_key"] = "fg-admin-" + secrets.token_hex(12)
+        raw["workers"] = {
+            "count": 2,
+            "num_cpus": 1,
+            "graceful_shutdown_s": 10,
+            "kv_tokens": KV_TOKENS,
+            "block_size": 1,
+            "max_running": 4,
+            "step_model": {
+                "step_overhead_s": STEP_S,
+                "prefill_per_token_s": 0.0,
+                "decode_per_seq_s": 0.0,
+                "decode_per_ctx_token_s": 0.0,
+            },
+        }
+        config, _ = parse_config(raw)
+        serve.run(build_app("nodes", config, secrets.token_hex(16)), name="nodes", route_prefix="/", blocking=False)
+        base = f"http://127.0.0.1:{port}/v1"
+        actor = ray.get_actor("fairgate-dispatcher-nodes", namespace="fairgate")
+
+        def stats() -> dict[str, Any]:
+            return ray.get(actor.stats.remote(), timeout=30)
+
+        deadline = time.monotonic() + 300
+        while len(stats()["workers"]) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker replicas did not start")
+            time.sleep(0.5)
+        figures["driver_on_head"] = ray.get_runtime_context().get_node_id() == _head_node_id(ray)
+        figures["workers_before"] = sorted(w["id"] for w in stats()["workers"])
+
+        async def flood() -> None:
+            out = Outcomes()
+            stop = asyncio.Event()
+            clients = {
+                t: openai.AsyncOpenAI(base_url=base, api_key=k, max_retries=0, timeout=120) for t, k in keys.items()
+            }
+            loops = [asyncio.create_task(stream_loop(clients[t], t, stop, out)) for t in keys for _ in range(STREAMS)]
+            await asyncio.sleep(8.0)
+            before = await asyncio.to_thread(stats)
+            killed_at = time.monotonic()
+            figures["processes_killed"] = node_a.kill()
+            while len(left := (await asyncio.to_thread(stats))["workers"]) > 1:  # the dispatcher sees it gone
+                await asyncio.sleep(0.2)
+            figures["worker_lost_after_s"] = time.monotonic() - killed_at
+            victim = next(w for w in before["workers"] if w["id"] != left[0]["id"])
+            figures["running_on_victim"] = victim["running"] + victim.get("waiting", 0)
+            await asyncio.sleep(3.0)
+            await asyncio.to_thread(node_a.start, gcs, temp_dir, {"fg-worker": 1}, 1)  # the node comes back
+            while len((await asyncio.to_thread(stats))["workers"]) < 2:
+                await asyncio.sleep(0.5)
+            figures["replica_back_after_s"] = time.monotonic() - killed_at
+            recovered = await asyncio.to_thread(stats)
+            await asyncio.sleep(15.0)
+            after = await asyncio.to_thread(stats)
+            stop.set()
+            await asyncio.gather(*loops)
+            figures["shares_after_recovery"] = {
+                t: after["tenants"][t]["service"] - recovered["tenants"][t]["service"] for t in keys
+            }
+            figures["gap_after_recovery"] = abs(
+                after["tenants"]["alice"]["counter"] - after["tenants"]["bob"]["counter"]
+            )
+            figures["outcomes"] = {"completed": out.completed, "received": out.received, "failed": out.failed}
+
+        asyncio.run(flood())
+        deadline = time.monotonic() + 60
+        while True:
+            end = stats()
+            if end["queue_depth"] + end["in_flight"] + end["pending_submits"] + end["orphans"] == 0:
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        figures["end"] = {
+            "tenants": {
+                t: {k: end["tenants"][t][k] for k in ("output_tokens", "service", "counter", "lifted")} for t in keys
+            },
+            "queue_depth": end["queue_depth"],
+            "in_flight": end["in_flight"],
+            "pending_submits": end["pending_submits"],
+            "orphans": end["orphans"],
+            "workers": len(end["workers"]),
+        }
+        figures["bound_2u"] = ray.get(actor.telemetry.remote(), timeout=30)["two_u"]
+    finally:
+        if head.ports:
+            stop_cluster([head, node_a, node_b])
+    return figures
+
+
+def _head_node_id(ray: Any) -> str:
+    return next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("fg-head"))
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))
