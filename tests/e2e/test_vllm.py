@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import statistics
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -351,6 +352,12 @@ def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):
         return answers
 
     answers = asyncio.run(burst())
+    gone_at = time.monotonic()
+    while any(w["running"] for w in gw.stats()["workers"]) and time.monotonic() - gone_at < 10.0:
+        time.sleep(0.1)
+    stopped_s = time.monotonic() - gone_at
+    print(f"the engines stopped the abandoned requests {stopped_s:.2f} s after their clients left")
+    assert stopped_s < 5.0  # each is stopped in vLLM when its client leaves, prefill included (400 tokens: ~10 s)
     for what, status, text in answers:  # vLLM's own layer serves some that the simulated one refuses
         assert status < 500, (what, status, text[:300])
         assert status == 200 or '"error"' in text, (what, text[:300])
