@@ -27,6 +27,7 @@ from typing import Protocol
 HELLO_FRAME_BYTES = 4096  # the most a connection may send before its hello is checked
 NONCE_BYTES = 32
 FRAME_SLACK_BYTES = 64 << 10  # a request's frame: its body and what the ingress adds around it
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # the largest request body the ingress accepts unless configured
 ACCEPTED = b""
 ADMISSION_HOP = "admission"  # ingress -> dispatcher
 DATA_PLANE_HOP = "data-plane"  # ingress -> worker
@@ -36,6 +37,9 @@ def frame_limit(max_body_bytes: int) -> int:
     """The longest frame a listener takes once a peer is verified: the largest body the ingress
     accepts, and what it adds around it."""
     return max_body_bytes + FRAME_SLACK_BYTES
+
+
+DEFAULT_FRAME_BYTES = frame_limit(DEFAULT_MAX_BODY_BYTES)
 
 
 def hop_key(secret: bytes, hop: str) -> bytes:
@@ -115,7 +119,8 @@ class ListenerGate:
 
     def forget(self, conn: FrameConnection) -> None:
         """A connection ended (one that never passed its hello counts as refused)."""
-        if self._unverified.pop(conn, False) is None:
+        if conn in self._unverified:
+            del self._unverified[conn]
             self.refused += 1
         self._verified.discard(conn)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from common.frame_guard import frame_limit
+from common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
 from common.loopback import bind_host, pool_port
 from common.prefix_hashes import salted
 from common.rpc import fairgate_pb2 as pb
@@ -38,12 +38,10 @@ MAX_PENDING_CALLS = 100_000
 FORGET_SETTLED_AFTER_S = 160.0  # longer than a worker re-announces what ended (150 s): kept for that
 
 
-DEFAULT_BODY_BYTES = 1 << 20  # the ingress's default largest body, for settings made without one
-
-
 def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
     """The part of the gateway configuration the dispatcher is created from."""
     models = gateway.get("models") or [gateway.get("model", "")]
+    ingress = gateway.get("ingress") or {}
     return {
         "models": [m if isinstance(m, str) else m["name"] for m in models],
         "scheduler": gateway["scheduler"],
@@ -53,7 +51,7 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "state": gateway.get("state") or {},
         "telemetry": gateway.get("telemetry") or {},
         "network": gateway.get("network") or {},
-        "max_frame_bytes": frame_limit(int((gateway.get("ingress") or {}).get("max_body_bytes", DEFAULT_BODY_BYTES))),
+        "max_frame_bytes": frame_limit(int(ingress.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))),
     }
 
 
@@ -86,7 +84,7 @@ class DispatcherActor:
         self._changing = asyncio.Lock()  # tenant and node changes, one at a time
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
         self._admission = AdmissionServer(  # the ingress's per-request call
-            self.admit, secret.encode(), int(settings.get("max_frame_bytes", frame_limit(DEFAULT_BODY_BYTES)))
+            self.admit, secret.encode(), int(settings["max_frame_bytes"])
         )
 
     async def _ready(self) -> str:
@@ -305,42 +303,30 @@ class DispatcherActor:
         {"error": (status, message)}. Changes go one at a time: a change that fails restores the
         registry as it was before it, which must not undo another change made meanwhile."""
         await self._ready()
-        async with self._changing:
-            return await self._change_tenant(action, name, key_hash, weight, cache_group, parent, classes)
-
-    async def _change_tenant(
-        self,
-        action: str,
-        name: str,
-        key_hash: str | None,
-        weight: float | None,
-        cache_group: str | None,
-        parent: str | None,
-        classes: list[str] | None,
-    ):
         assert self._store is not None
-        before = self._registry.records()
-        try:
-            if action == "create":
-                weight = 1.0 if weight is None else weight
-                self._registry.create(name, key_hash or "", weight, cache_group or "", parent or "", classes)
-            elif action == "update":
-                self._registry.update(name, weight, key_hash, cache_group, parent, classes)
-            elif action == "delete":
-                self._registry.delete(name)  # its counters stay: re-creating the name gains no credit
-            else:
-                raise TenantError(400, f"unknown action {action!r}")
-            record = self._registry.get(name)
-            if record is None:
-                await self._store.delete_tenant(name)
-            else:
-                await self._store.put_tenant(record.to_dict())
-        except TenantError as exc:
-            return {"error": [exc.status, str(exc)]}
-        except Exception as exc:  # the store failed: the change does not happen
-            self._registry = TenantRegistry(before, self._registry.node_records(), self._classes, self._policy)
-            log.warning("dispatcher: could not save a tenant change: %s", exc)
-            return {"error": [503, "the tenant change could not be saved; retry later"]}
+        async with self._changing:
+            before = self._registry.records()
+            try:
+                if action == "create":
+                    weight = 1.0 if weight is None else weight
+                    self._registry.create(name, key_hash or "", weight, cache_group or "", parent or "", classes)
+                elif action == "update":
+                    self._registry.update(name, weight, key_hash, cache_group, parent, classes)
+                elif action == "delete":
+                    self._registry.delete(name)  # its counters stay: re-creating the name gains no credit
+                else:
+                    raise TenantError(400, f"unknown action {action!r}")
+                record = self._registry.get(name)
+                if record is None:
+                    await self._store.delete_tenant(name)
+                else:
+                    await self._store.put_tenant(record.to_dict())
+            except TenantError as exc:
+                return {"error": [exc.status, str(exc)]}
+            except Exception as exc:  # the store failed: the change does not happen
+                self._registry = TenantRegistry(before, self._registry.node_records(), self._classes, self._policy)
+                log.warning("dispatcher: could not save a tenant change: %s", exc)
+                return {"error": [503, "the tenant change could not be saved; retry later"]}
         for service in self._pools.values():  # the next dispatch uses the new weight and place, in every pool
             if record is None:  # its counters stay (re-creating the name gains no credit), out of the tree
                 if name in service.scheduler.tenants:
@@ -356,30 +342,27 @@ class DispatcherActor:
         before it counts; returns the node's row, or {"error": (status, message)}. One change at a time,
         with the tenants' changes."""
         await self._ready()
-        async with self._changing:
-            return await self._change_node(action, name, parent, weight)
-
-    async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None):
         assert self._store is not None
-        before = self._registry.node_records()
         kept = any(name in service.scheduler.tenants for service in self._pools.values())
         if action == "create" and kept and self._registry.get(name) is None:
             return {"error": [409, f"{name!r} was a tenant (its counters are kept); a node needs a name of its own"]}
-        try:
-            if action == "delete":
-                self._registry.delete_node(name)
-                await self._store.delete_node(name)
-            elif action in ("create", "update"):
-                record = self._registry.set_node(name, parent, weight, creating=action == "create")
-                await self._store.put_node(record.to_dict())
-            else:
-                raise TenantError(400, f"unknown action {action!r}")
-        except TenantError as exc:
-            return {"error": [exc.status, str(exc)]}
-        except Exception as exc:  # the store failed: the change does not happen
-            self._registry = TenantRegistry(self._registry.records(), before, self._classes, self._policy)
-            log.warning("dispatcher: could not save a node change: %s", exc)
-            return {"error": [503, "the node change could not be saved; retry later"]}
+        async with self._changing:
+            before = self._registry.node_records()
+            try:
+                if action == "delete":
+                    self._registry.delete_node(name)
+                    await self._store.delete_node(name)
+                elif action in ("create", "update"):
+                    record = self._registry.set_node(name, parent, weight, creating=action == "create")
+                    await self._store.put_node(record.to_dict())
+                else:
+                    raise TenantError(400, f"unknown action {action!r}")
+            except TenantError as exc:
+                return {"error": [exc.status, str(exc)]}
+            except Exception as exc:  # the store failed: the change does not happen
+                self._registry = TenantRegistry(self._registry.records(), before, self._classes, self._policy)
+                log.warning("dispatcher: could not save a node change: %s", exc)
+                return {"error": [503, "the node change could not be saved; retry later"]}
         for service in self._pools.values():
             scheduler = service.scheduler
             if action == "delete":

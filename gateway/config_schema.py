@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from common.frame_guard import DEFAULT_MAX_BODY_BYTES
 from common.sections import (
     ConfigError,
     M,
@@ -137,7 +138,7 @@ class IngressSettings(OpenSection):
     """The HTTP front's replicas and what it accepts."""
 
     replicas: int = Field(1, ge=1, description="ingress replicas")
-    max_body_bytes: int = Field(1 << 20, ge=1, description="largest request body (413 above)")
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1, description="largest request body (413 above)")
     body_timeout_s: float = Field(30.0, gt=0, description="time a request body may take to arrive (408 after)")
     max_open_per_tenant: int = Field(
         1024, ge=1, description="HTTP requests one tenant may have open at one replica (429 above)"

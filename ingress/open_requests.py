@@ -20,9 +20,6 @@ class OpenRequests:
         self._limit = limit
         self._open: dict[str, int] = {}
 
-    def count(self, tenant: str) -> int:
-        return self._open.get(tenant, 0)
-
     def take(self, tenant: str) -> Callable[[], None]:
         """Count one more open request of ``tenant``; returns what ends it (idempotent)."""
         n = self._open.get(tenant, 0)

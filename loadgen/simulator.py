@@ -224,9 +224,7 @@ class Simulation:
             if self.config.front == "round-robin":
                 engine = self.engines[self._turn % len(self.engines)]
                 self._turn += 1
-                engine_req = self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix)
-                engine_req.client_leaves = r.leaves
-                engine.add(engine_req)
+                engine.add(self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix, r.leaves))
                 continue
             reason = sched.submit(
                 rid,
@@ -247,19 +245,33 @@ class Simulation:
         for a in self.scheduler.assign(self.now):
             req = a.request
             prefix = requests[int(req.id)].prefix if block else ()
-            engine_req = self._engine_request(req.id, req.prompt_tokens, req.max_tokens, req.true_output, prefix)
+            leaves = requests[int(req.id)].leaves
+            engine_req = self._engine_request(
+                req.id, req.prompt_tokens, req.max_tokens, req.true_output, prefix, leaves
+            )
             engine_req.priority = req.priority
-            engine_req.client_leaves = requests[int(req.id)].leaves
             self._engine_of[a.worker_id].add(engine_req)
         for req, _ in self.scheduler.take_dropped():
             self.recorder.on_reject(req.id, self.now, False)
 
     def _engine_request(
-        self, rid: str, prompt_tokens: int, max_tokens: int, true_output: int | None, prefix: tuple[int, ...]
+        self,
+        rid: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        true_output: int | None,
+        prefix: tuple[int, ...],
+        leaves: bool,
     ) -> EngineRequest:
         block = self.workload.prefix_block
         return EngineRequest(
-            rid, prompt_tokens, max_tokens, true_output or max_tokens, prefix=prefix, prefix_block=block
+            rid,
+            prompt_tokens,
+            max_tokens,
+            true_output or max_tokens,
+            prefix=prefix,
+            prefix_block=block,
+            client_leaves=leaves,
         )
 
     def _send_next(self, rid: str) -> None:

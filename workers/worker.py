@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from common.frame_guard import DATA_PLANE_HOP, Guard, frame_limit, hop_key
+from common.frame_guard import DATA_PLANE_HOP, DEFAULT_FRAME_BYTES, Guard, hop_key
 from common.openai_errors import ApiError
 from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
@@ -81,7 +81,7 @@ class Worker:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        max_frame_bytes: int = frame_limit(1 << 20),
+        max_frame_bytes: int = DEFAULT_FRAME_BYTES,
         reconnect_s: float = 0.2,
         max_reconnect_s: float = 3.0,
     ) -> None:
@@ -161,20 +161,21 @@ class Worker:
         if report.started or report.finished:
             self._urgent = True
             self._hurry.set()
-        leaving = self._leaving
+        leaving, ended = self._leaving, self._ended
+
+        def held(rid: str) -> _Running | None:
+            return running.get(rid) or leaving.get(rid)
+
         for rid, n in report.started.items():
-            r = running.get(rid) or leaving.get(rid)
+            r = held(rid)
             if r is not None:
                 r.prompt_tokens = n
                 r.started = True
         for rid, k in report.new_tokens.items():
-            if rid in running:
-                running[rid].reported += k
-            elif rid in leaving:
-                leaving[rid].reported += k
-            elif rid in self._ended:  # its last step's report came after its stream ended
-                self._ended[rid][0].reported += k
-        message = _report_message(report, lambda rid: running.get(rid) or leaving.get(rid))
+            r = held(rid) or (ended[rid][0] if rid in ended else None)  # ended: its last step came late
+            if r is not None:
+                r.reported += k
+        message = _report_message(report, held)
         for f in report.finished:
             r = running.get(f.id)
             if r is not None:

@@ -77,9 +77,8 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
 
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
-    secret = checked_cluster_secret(
-        secret_from_env("FAIRGATE_CLUSTER_SECRET") or secrets.token_hex(32)
-    )  # else one per run
+    given = secret_from_env("FAIRGATE_CLUSTER_SECRET")
+    secret = checked_cluster_secret(given) if given else secrets.token_hex(32)  # else one per run
 
     from ray import serve
 

@@ -27,9 +27,8 @@ from typing import Any
 import psutil
 
 from tests.conftest import free_port
+from tests.e2e.stream_clients import Outcomes, streaming_client
 
-PROMPT = "word " * 60
-MAX_TOKENS = 40
 STREAMS = 6  # closed-loop streams per tenant
 STEP_S = 0.02
 KV_TOKENS = 4000
@@ -52,28 +51,30 @@ RAY_START = [sys.executable, "-m", "tests.e2e.ray_start_loopback", "start"]  # e
 WORKER_PORTS = {"head": 20400, "node-a": 20600, "node-b": 20800}
 
 
+NODE_PORTS = ["node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc"]
+NODE_PORTS += ["dashboard-agent-listen", "metrics-export"]
+
+
 @dataclass
 class Node:
+    """One node of the cluster; ``ports``: its ``ray start --<name>-port`` values, chosen at its first
+    start and kept for the next (a node started again is the same node); ``gcs``: the head's GCS port."""
+
     name: str
     ports: dict[str, int] = field(default_factory=dict)
+    gcs: int = 0
 
     def start(self, gcs: int | None, temp_dir: str, resources: dict[str, float], cpus: int) -> None:
-        names = ["node-manager", "object-manager", "runtime-env-agent", "dashboard-agent-grpc"]
-        names += ["dashboard-agent-listen", "metrics-export", "min-worker"]
         if not self.ports:
-            self.ports = {n: free_port() for n in names}
             base = WORKER_PORTS[self.name]  # a worker port range of its own, outside Ray's default
-            self.ports["min-worker"], self.ports["max-worker"] = base, base + 99
+            self.ports = {n: free_port() for n in NODE_PORTS} | {"min-worker": base, "max-worker": base + 99}
         args = [*RAY_START, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0"]
         args += [f"--resources={json.dumps(resources)}", "--disable-usage-stats"]
-        args += [f"--{n}-port={p}" for n, p in self.ports.items() if n not in ("min-worker", "max-worker")]
-        args += [f"--min-worker-port={self.ports['min-worker']}", f"--max-worker-port={self.ports['max-worker']}"]
+        args += [f"--{n}-port={p}" for n, p in self.ports.items()]
         if gcs is None:
-            args += ["--head", f"--port={self.ports.setdefault('gcs', free_port())}", f"--temp-dir={temp_dir}"]
-            args += [
-                "--include-dashboard=false",
-                f"--ray-client-server-port={self.ports.setdefault('client', free_port())}",
-            ]
+            self.gcs = free_port()
+            args += ["--head", f"--port={self.gcs}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+            args += [f"--ray-client-server-port={free_port()}"]
         else:
             args += [f"--address=127.0.0.1:{gcs}"]
         done = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **ENV}, timeout=120)
@@ -112,50 +113,17 @@ def _kill(victims: set[psutil.Process]) -> int:
 def stop_cluster(nodes: list[Node]) -> None:
     """Every process of this cluster (and none of another Ray on this machine): each node's, and every
     process that names this cluster's GCS."""
-    gcs = f"127.0.0.1:{nodes[0].ports['gcs']}"
+    gcs = f"127.0.0.1:{nodes[0].gcs}"
     for node in nodes:
         with contextlib.suppress(RuntimeError):
             node.kill()
-    port = str(nodes[0].ports["gcs"])
+    port = str(nodes[0].gcs)
     rest = {
         p
         for p in psutil.process_iter(["cmdline"])
         if p.pid != os.getpid() and any(gcs in a or a.endswith("=" + port) for a in p.info["cmdline"] or [])
     }
     _kill(rest)
-
-
-@dataclass
-class Outcomes:
-    completed: dict[str, int] = field(default_factory=dict)  # tenant -> requests that got all their tokens
-    received: dict[str, int] = field(default_factory=dict)  # tenant -> tokens its clients received
-    failed: list[dict[str, Any]] = field(default_factory=list)
-
-
-async def stream_loop(client: Any, tenant: str, stop: asyncio.Event, out: Outcomes) -> None:
-    while not stop.is_set():
-        tokens, streamed = 0, False
-        try:
-            stream = await client.completions.create(
-                model="fairgate-sim",
-                prompt=PROMPT,
-                max_tokens=MAX_TOKENS,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-            )
-            async for chunk in stream:
-                streamed = streamed or bool(chunk.choices and chunk.choices[0].text)
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            if tokens == MAX_TOKENS:
-                out.completed[tenant] = out.completed.get(tenant, 0) + 1
-                out.received[tenant] = out.received.get(tenant, 0) + tokens
-            else:
-                out.failed.append({"tenant": tenant, "streamed": streamed, "reason": f"ended with {tokens} tokens"})
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            out.failed.append({"tenant": tenant, "streamed": streamed, "reason": reason})
 
 
 def main() -> dict[str, Any]:
@@ -174,7 +142,7 @@ def main() -> dict[str, Any]:
     figures: dict[str, Any] = {}
     try:
         head.start(None, temp_dir, {"fg-head": 1}, cpus=0)
-        gcs = head.ports["gcs"]
+        gcs = head.gcs
         node_a.start(gcs, temp_dir, {"fg-worker": 1}, cpus=1)
         node_b.start(gcs, temp_dir, {"fg-worker": 1}, cpus=1)
         ray.init(address=f"127.0.0.1:{gcs}", logging_level="ERROR")
@@ -221,7 +189,8 @@ def main() -> dict[str, Any]:
             clients = {
                 t: openai.AsyncOpenAI(base_url=base, api_key=k, max_retries=0, timeout=120) for t, k in keys.items()
             }
-            loops = [asyncio.create_task(stream_loop(clients[t], t, stop, out)) for t in keys for _ in range(STREAMS)]
+            streams = [(t, client) for t, client in clients.items() for _ in range(STREAMS)]
+            loops = [asyncio.create_task(streaming_client(client, t, stop, out)) for t, client in streams]
             await asyncio.sleep(8.0)
             before = await asyncio.to_thread(stats)
             killed_at = time.monotonic()
@@ -247,7 +216,10 @@ def main() -> dict[str, Any]:
             figures["gap_after_recovery"] = abs(
                 after["tenants"]["alice"]["counter"] - after["tenants"]["bob"]["counter"]
             )
-            figures["outcomes"] = {"completed": out.completed, "received": out.received, "failed": out.failed}
+            figures["outcomes"] = {
+                "completed": [{"tenant": t, "tokens": n} for t, _, n in out.completed],
+                "failed": [{"tenant": t, "streamed": streamed, "reason": why} for t, _, streamed, why in out.failed],
+            }
 
         asyncio.run(flood())
         deadline = time.monotonic() + 60
@@ -270,7 +242,7 @@ def main() -> dict[str, Any]:
         }
         figures["bound_2u"] = ray.get(actor.telemetry.remote(), timeout=30)["two_u"]
     finally:
-        if head.ports:
+        if head.gcs:
             stop_cluster([head, node_a, node_b])
     return figures
 

@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import openai
 import psutil
@@ -24,44 +24,14 @@ from ray import serve
 from dispatcher.actor import dispatcher_name
 from tests.conftest import RedisServer
 from tests.e2e.gateway_helpers import Gateway, clients, deploy
+from tests.e2e.stream_clients import MAX_TOKENS, PROMPT, Outcomes, streaming_client
 
 pytestmark = pytest.mark.slow
 
-PROMPT = "word " * 60
-MAX_TOKENS = 40
 KV_PER_WORKER = 4000
 U = max(60, 2 * 2 * KV_PER_WORKER)  # docs/architecture.md: max(w_p x longest prompt, w_q x KV pool of both workers)
 SNAPSHOT_S = 0.5
 MAX_RUNNING = 4
-
-
-@dataclass
-class Outcomes:
-    completed: list[tuple[str, str, int]] = field(default_factory=list)  # (tenant, id, tokens)
-    failed: list[tuple[str, str, bool, str]] = field(default_factory=list)  # (tenant, id, streamed, error)
-
-
-async def streaming_client(client: openai.AsyncOpenAI, tenant: str, stop: asyncio.Event, out: Outcomes) -> None:
-    """Closed loop of streaming requests; records how each ended and whether text had arrived."""
-    while not stop.is_set():
-        rid, tokens, streamed = "", 0, False
-        try:
-            stream = await client.completions.create(
-                model="fairgate-sim",
-                prompt=PROMPT,
-                max_tokens=MAX_TOKENS,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},
-            )
-            async for chunk in stream:
-                rid = chunk.id
-                streamed = streamed or bool(chunk.choices and chunk.choices[0].text)
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            out.completed.append((tenant, rid, tokens))
-        except Exception as exc:
-            out.failed.append((tenant, rid, streamed, repr(exc)))
 
 
 async def whole_client(client: openai.AsyncOpenAI, tenant: str, stop: asyncio.Event, out: Outcomes) -> None:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.e2e.node_loss import MAX_TOKENS
+from tests.e2e.stream_clients import MAX_TOKENS
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,8 @@ def test_a_worker_node_lost_whole_fails_only_what_streamed_there_and_the_pool_re
     assert run.returncode == 0, run.stderr[-4000:]
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     out = figures["outcomes"]
-    failed = out["failed"]
+    failed, completed = out["failed"], out["completed"]
+    received = {t: sum(c["tokens"] for c in completed if c["tenant"] == t) for t in figures["end"]["tenants"]}
     reasons: dict[str, int] = {}
     for x in failed:
         reasons[x["reason"][:60]] = reasons.get(x["reason"][:60], 0) + 1
@@ -37,11 +38,13 @@ def test_a_worker_node_lost_whole_fails_only_what_streamed_there_and_the_pool_re
     print(
         f"node killed ({f['processes_killed']} processes) with {f['running_on_victim']} requests on it; "
         f"worker lost after {f['worker_lost_after_s']:.1f} s, back {f['replica_back_after_s']:.1f} s after the kill; "
-        f"completed {out['completed']}, failed {len(failed)} by reason {reasons}; shares after recovery "
+        f"completed {len(completed)}, failed {len(failed)} by reason {reasons}; shares after recovery "
         f"{f['shares_after_recovery']}, gap {f['gap_after_recovery']:.0f} (2U {f['bound_2u']:.0f})"
     )
     assert figures["driver_on_head"]  # the lost node held no part of the test itself
-    # only requests already streaming from the lost node fail, each saying its worker failed
+    # every request completes whole, or (only those already streaming from the lost node) fails
+    # saying its worker failed
+    assert all(c["tokens"] == MAX_TOKENS for c in completed)
     assert all(x["streamed"] and "worker" in x["reason"] for x in failed), failed
     assert len(failed) <= figures["running_on_victim"]
     # the replica came back with its node; nothing is left queued, assigned or orphaned
@@ -52,8 +55,7 @@ def test_a_worker_node_lost_whole_fails_only_what_streamed_there_and_the_pool_re
     # outputs of its failed streams beyond that (never a request twice)
     for tenant, row in end["tenants"].items():
         lost = sum(1 for x in failed if x["tenant"] == tenant)
-        received = out["received"].get(tenant, 0)
-        assert received <= row["output_tokens"] <= received + lost * MAX_TOKENS, (tenant, row, received, lost)
+        assert received[tenant] <= row["output_tokens"] <= received[tenant] + lost * MAX_TOKENS, (tenant, row, lost)
         assert row["counter"] == pytest.approx(row["service"] + row["lifted"])  # weight 1: VTC's own identity
     # the fair shares hold after recovery
     shares = figures["shares_after_recovery"]

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -438,23 +439,41 @@ def test_a_retry_for_a_request_that_started_on_a_dead_worker_is_refused():
     asyncio.run(scenario())
 
 
+@dataclass
+class Restart:
+    """A dispatcher, the one that takes over from it, and a worker attached to the first that follows
+    ``where`` to whichever is current."""
+
+    old: DispatcherService
+    new: DispatcherService
+    new_address: str
+    where: dict[str, str]
+    worker: Worker
+
+
+async def restartable(steps: StepTimeModel) -> Restart:
+    old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+    new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
+    old_address, new_address = await old.start(), await new.start()
+    where = {"address": old_address}
+
+    async def locate() -> str:
+        return where["address"]
+
+    worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, steps)))
+    await worker.start()
+    while not len(old.scheduler.workers):
+        await asyncio.sleep(0.01)
+    return Restart(old, new, new_address, where, worker)
+
+
 def test_a_worker_re_attaching_to_a_restarted_dispatcher_re_announces_what_it_runs():
     """A new dispatcher (same secret, counters restored) learns the running request from the worker's
     hello and charges only the tokens generated after the saved state."""
 
     async def scenario():
-        old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
-        new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
-        old_address, new_address = await old.start(), await new.start()
-        where = {"address": old_address}
-
-        async def locate() -> str:
-            return where["address"]
-
-        worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, StepTimeModel(0.01, 0, 0, 0))))
-        await worker.start()
-        while not len(old.scheduler.workers):
-            await asyncio.sleep(0.01)
+        r = await restartable(StepTimeModel(0.01, 0, 0, 0))
+        old, new, new_address, where, worker = r.old, r.new, r.new_address, r.where, r.worker
         placement = await old.submit("r1", "A", 20, 100)
         stream = asyncio.create_task(generate(placement, "x " * 20, 100))
         while old.scheduler.tenants["A"].output_tokens < 10:
@@ -481,18 +500,8 @@ def test_requests_assigned_and_ended_between_the_last_save_and_a_restart_are_cou
     they were assigned after the save) and counts them, exactly once, whatever hellos follow."""
 
     async def scenario():
-        old = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
-        new = DispatcherService(SchedulerConfig(cost=LinearCost(1.0, 2.0)), SECRET)
-        old_address, new_address = await old.start(), await new.start()
-        where = {"address": old_address}
-
-        async def locate() -> str:
-            return where["address"]
-
-        worker = Worker("w0", locate, SECRET, SimulatedRunner(SimulatedEngine(4000, FAST)))
-        await worker.start()
-        while not len(old.scheduler.workers):
-            await asyncio.sleep(0.01)
+        r = await restartable(FAST)
+        old, new, new_address, where, worker = r.old, r.new, r.new_address, r.where, r.worker
 
         async def run(rid: str) -> None:
             placement = await old.submit(rid, "A", 10, 20)

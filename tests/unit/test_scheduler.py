@@ -204,14 +204,19 @@ def test_prediction_overrun_charges_only_beyond_the_prediction():
     assert s.tenants["A"].counter == pytest.approx(150) == pytest.approx(s.tenants["A"].service)
 
 
+def serve_one(s: FairScheduler, rid: str, max_tokens: int, output: int, reason: str = "stop") -> None:
+    """Tenant A's request of 10 prompt tokens, run on worker "w" until it ends with ``output`` tokens."""
+    s.submit(rid, "A", 10, max_tokens, 0.0)
+    run = s.assign(0.0)[0].request
+    s.on_report("w", {run.id: output}, started={run.id: 10})
+    s.on_finish(run.id, output, reason, 0.0)
+
+
 def test_moving_average_predictor_learns_per_tenant():
     s = make("vtc-predict")
     s.worker_join("w", kv_tokens=100_000)
     for i in range(3):
-        s.submit(f"r{i}", "A", 10, 100, 0.0)
-        run = s.assign(0.0)[0].request
-        s.on_report("w", {run.id: 40}, started={run.id: 10})
-        s.on_finish(run.id, 40, "stop", 0.0)
+        serve_one(s, f"r{i}", 100, 40)
     s.submit("next", "A", 10, 100, 0.0)
     req = s.assign(0.0)[0].request
     assert req.predicted == 40
@@ -223,15 +228,9 @@ def test_an_aborted_request_teaches_the_predictors_what_it_generated():
     s = make("vtc-predict")
     s.worker_join("w", kv_tokens=100_000)
     for i in range(20):  # twenty 1-token answers teach "short"
-        s.submit(f"short{i}", "A", 10, 1000, 0.0)
-        run = s.assign(0.0)[0].request
-        s.on_report("w", {run.id: 1}, started={run.id: 10})
-        s.on_finish(run.id, 1, "stop", 0.0)
+        serve_one(s, f"short{i}", 1000, 1)
     for i in range(20):  # then long ones, each left by its client after 500 tokens
-        s.submit(f"long{i}", "A", 10, 1000, 0.0)
-        run = s.assign(0.0)[0].request
-        s.on_report("w", {run.id: 500}, started={run.id: 10})
-        s.on_finish(run.id, 500, "abort", 0.0)
+        serve_one(s, f"long{i}", 1000, 500, "abort")
     s.submit("next", "A", 10, 1000, 0.0)
     req = s.assign(0.0)[0].request
     assert req.predicted == 500 and req.footprint == 10 + 750
