@@ -5,7 +5,6 @@ settings are all checked this way."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,10 +64,6 @@ def checked_cluster_secret(secret: str, where: str = "FAIRGATE_CLUSTER_SECRET") 
     if len(secret) < MIN_SECRET_CHARS:
         raise ConfigError(f"{where} must be at least {MIN_SECRET_CHARS} characters (it signs every ticket)")
     return secret
-
-
-def hash_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 M = TypeVar("M", bound=BaseModel)

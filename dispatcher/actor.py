@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
+from common.key_hashing import KeyHasher
 from common.loopback import bind_host, pool_port
 from common.prefix_hashes import salted
 from common.rpc import fairgate_pb2 as pb
@@ -52,6 +53,7 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "telemetry": gateway.get("telemetry") or {},
         "network": gateway.get("network") or {},
         "max_frame_bytes": frame_limit(int(ingress.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))),
+        "key_hash_fingerprint": gateway.get("key_hash_fingerprint", ""),
     }
 
 
@@ -75,6 +77,8 @@ class DispatcherActor:
         ]
         self._policy = config.policy
         self._registry = TenantRegistry([], [], self._classes, self._policy)
+        self._hasher = KeyHasher.from_environment(secret)  # upgrades plain digests a store still holds
+        self._hasher.check_fingerprint(settings.get("key_hash_fingerprint"), "dispatcher")
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
         self._saver: asyncio.Task[None] | None = None
@@ -99,6 +103,7 @@ class DispatcherActor:
         state = self._settings["state"]
         self._store = await open_store(state, self._app)
         tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
+        await self._upgrade_key_hashes(tenants)
         self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
         loop = asyncio.get_running_loop()
         network = self._settings.get("network") or {}
@@ -121,6 +126,20 @@ class DispatcherActor:
         if telemetry.get("otlp_endpoint"):
             start_otlp_metrics(lambda: self._latest, int(telemetry.get("top_tenants", 20)), telemetry["otlp_endpoint"])
         return self._service.address
+
+    async def _upgrade_key_hashes(self, tenants: list[dict[str, Any]]) -> None:
+        """Tenants stored before keys were hashed with a secret: their plain digests become keyed hashes,
+        in the store too (the same keys keep working; the store no longer holds an unkeyed hash)."""
+        assert self._store is not None
+        upgraded = 0
+        for t in tenants:
+            keyed = self._hasher.upgrade(t["key_hash"])
+            if keyed != t["key_hash"]:
+                t["key_hash"] = keyed
+                await self._store.put_tenant(t)
+                upgraded += 1
+        if upgraded:
+            log.warning("dispatcher: %d stored API key hashes upgraded to keyed hashes", upgraded)
 
     def _state_key(self, model: str) -> str:
         return "" if model == self._first else model

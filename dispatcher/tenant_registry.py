@@ -2,9 +2,10 @@
 classes each may use, changed live through the admin API.
 
 It lives in the dispatcher actor (one authority for every ingress replica) next to the schedulers,
-which hold each tenant's and node's weight and counters. Only SHA-256 hashes of keys are kept. Every
-change is checked whole before it counts: the tree it would make is built once by the core (its own
-checks name a cycle, an unknown parent or a bad weight), so a refused change changes nothing.
+which hold each tenant's and node's weight and counters. Only keyed hashes of keys are kept
+(``common/key_hashing``). Every change is checked whole before it counts: the tree it would make is
+built once by the core (its own checks name a cycle, an unknown parent or a bad weight), so a refused
+change changes nothing.
 """
 
 from __future__ import annotations

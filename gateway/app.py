@@ -14,6 +14,7 @@ import ray
 from ray import serve
 
 from common.frame_guard import frame_limit
+from common.key_hashing import KeyHasher
 from common.loopback import front_door, pool_port, ray_environment
 from common.sections import checked_cluster_secret
 from gateway.config_schema import GatewayConfig, WorkerSettings
@@ -27,7 +28,7 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
     """``listen``: host:port for the direct front door (each ingress replica's own HTTP server there);
     None: Serve's front door brings the requests."""
     checked_cluster_secret(secret)
-    g = config.plain()
+    g = config.keyed(KeyHasher.from_environment(secret)).plain()
     frames = frame_limit(config.ingress.max_body_bytes)
     pools = []
     for i, m in enumerate(config.models):

@@ -19,12 +19,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from common.frame_guard import DEFAULT_MAX_BODY_BYTES
+from common.key_hashing import KeyHasher, key_digest
 from common.sections import (
     ConfigError,
     M,
     OpenSection,
     Section,
-    hash_key,
     read_yaml,
     secret_from_env,
     validate_section,
@@ -200,6 +200,7 @@ class GatewayConfig(Section):
     tree: tuple[NodeConfig, ...] = ()
     classes: tuple[ClassConfig, ...] = ()
     admin_key_hash: str = ""
+    key_hash_fingerprint: str = ""  # "": hashes still plain digests (keyed() keys them)
     state: StateSettings = Field(default_factory=StateSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
@@ -214,6 +215,17 @@ class GatewayConfig(Section):
             {**m, "tenants": None if m["tenants"] is None else list(m["tenants"])} for m in data["models"]
         ]
         return data
+
+    def keyed(self, hasher: KeyHasher) -> GatewayConfig:
+        """This configuration with its key digests keyed (what leaves the process that read it)."""
+        tenants = tuple(t.model_copy(update={"key_hash": hasher.upgrade(t.key_hash)}) for t in self.tenants)
+        return self.model_copy(
+            update={
+                "tenants": tenants,
+                "admin_key_hash": hasher.upgrade(self.admin_key_hash),
+                "key_hash_fingerprint": hasher.fingerprint(),
+            }
+        )
 
     def with_first(self, *, model: str | None = None, workers: WorkerSettings | None = None) -> GatewayConfig:
         """This configuration with its first model renamed or its workers changed (command-line overrides)."""
@@ -261,7 +273,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         admin_key = generated[ADMIN] = "fg-admin-" + secrets.token_urlsafe(24)
     elif not isinstance(admin_key, str) or len(admin_key) < MIN_KEY_CHARS:
         raise ConfigError(f"{where}: admin_api_key (or FAIRGATE_ADMIN_KEY) must be at least {MIN_KEY_CHARS} characters")
-    if hash_key(admin_key) in {t.key_hash for t in tenants}:
+    if key_digest(admin_key) in {t.key_hash for t in tenants}:
         raise ConfigError(f"{where}: the admin key must differ from every tenant's key")
     names = {t.name for t in tenants}
     for m in models:
@@ -277,7 +289,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         tenants=tuple(tenants),
         tree=tuple(tree),
         classes=tuple(classes),
-        admin_key_hash=hash_key(admin_key),
+        admin_key_hash=key_digest(admin_key),
         state=state,
         telemetry=telemetry,
         network=network,
@@ -423,7 +435,7 @@ def _tenants(raw: dict[str, Any], where: str, generated: dict[str, str]) -> list
         tenants.append(
             TenantConfig(
                 name=t.name,
-                key_hash=hash_key(key),
+                key_hash=key_digest(key),
                 weight=t.weight,
                 cache_group=t.cache_group,
                 parent=t.parent,

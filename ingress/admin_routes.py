@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import Request
 
 from common.openai_errors import ApiError
-from common.sections import hash_key
 from ingress.admin_api import TenantChange, node_change, tenant_change
 
 
@@ -65,7 +64,7 @@ class AdminRoutes:
 
     async def _change(self, action: str, name: str, change: TenantChange | None) -> dict[str, Any]:
         c = change or TenantChange(None, None, None, None, None, None)
-        key_hash = None if c.api_key is None else hash_key(c.api_key)
+        key_hash = None if c.api_key is None else self._hasher.of_key(c.api_key)
         result = await self._dispatcher.change_tenant(
             action, name, key_hash, c.weight, c.cache_group, c.parent, c.classes
         )

@@ -1,6 +1,7 @@
 """Who is calling: the tenant owning an API key, or the admin.
 
-Keys are checked by their SHA-256 hash; the admin key is compared in constant time. An ingress replica
+Keys are checked by their keyed hash (``common/key_hashing``); the admin key's is compared in constant
+time. An ingress replica
 asks the dispatcher (the one tenant registry) about keys it has never seen (within a budget of look-ups a
 second, so random keys cannot flood the dispatcher) and keeps answers for a few seconds; a known key's
 answer is renewed in the background, outside that budget, so random keys lock no one out. A revoked key is
@@ -15,7 +16,6 @@ from collections import OrderedDict
 
 from fastapi import Request
 
-from common.sections import hash_key
 from ingress.openai_api import ApiError
 
 
@@ -101,5 +101,5 @@ class LookupBudget:
         return False
 
 
-def is_admin_key(key: str, admin_key_hash: str) -> bool:
-    return bool(admin_key_hash) and hmac.compare_digest(hash_key(key), admin_key_hash)
+def is_admin_key(key_hash: str, admin_key_hash: str) -> bool:
+    return bool(admin_key_hash) and hmac.compare_digest(key_hash, admin_key_hash)

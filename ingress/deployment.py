@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from ray import serve
 
+from common.key_hashing import KeyHasher
 from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
-from common.sections import hash_key
 from common.tracing import RequestTrace, configure_tracing
 from dispatcher.actor import get_or_create_dispatcher
 from ingress.admin_routes import AdminRoutes
@@ -82,6 +82,8 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
         self._body_timeout_s = float(gateway["ingress"]["body_timeout_s"])
         self._open = OpenRequests(int(gateway["ingress"]["max_open_per_tenant"]))
+        self._hasher = KeyHasher.from_environment(secret)
+        self._hasher.check_fingerprint(gateway.get("key_hash_fingerprint"), "ingress")
         self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
         self._lookups = LookupBudget()
         self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
@@ -368,15 +370,15 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
 
     async def _caller(self, request: Request) -> tuple[str, str]:
         """(tenant, key hash) of the request's API key; 401 when the key is unknown."""
-        key = bearer_key(request)
-        tenant = await self._owner(key)
+        key_hash = self._hasher.of_key(bearer_key(request))
+        tenant = await self._owner(key_hash)
         if tenant is None:
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
-        return tenant, hash_key(key)
+        return tenant, key_hash
 
-    async def _owner(self, key: str) -> str | None:
-        """The tenant an API key belongs to (the dispatcher's registry, cached for a few seconds)."""
-        key_hash = hash_key(key)
+    async def _owner(self, key_hash: str) -> str | None:
+        """The tenant an API key (by its hash) belongs to (the dispatcher's registry, cached for a few
+        seconds)."""
         found, tenant, stale = self._keys.get(key_hash)
         if stale and key_hash not in self._renewing:  # used as it is while renewed, outside the budget
             self._renewing[key_hash] = asyncio.create_task(self._renew_key(key_hash))
@@ -396,10 +398,10 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             del self._renewing[key_hash]
 
     async def _admin(self, request: Request) -> None:
-        key = bearer_key(request)
-        if is_admin_key(key, self._admin_key_hash):
+        key_hash = self._hasher.of_key(bearer_key(request))
+        if is_admin_key(key_hash, self._admin_key_hash):
             return
-        if await self._owner(key) is not None:
+        if await self._owner(key_hash) is not None:
             raise ApiError(403, "this API key may not use the admin API", type_="permission_error", code="forbidden")
         raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 

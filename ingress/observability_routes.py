@@ -27,7 +27,7 @@ class ObservabilityRoutes:
         tenants' names and usage, and the deployment's shape and load, are nobody else's business; an
         anonymous scrape gets the tenants' figures summed (``tenant="other"``) and the fairness gauges."""
         key = request.headers.get("authorization", "").partition(" ")[2].strip()
-        admin = bool(key) and is_admin_key(key, self._admin_key_hash)
+        admin = bool(key) and is_admin_key(self._hasher.of_key(key), self._admin_key_hash)
         snapshot = await self._telemetry()
         return Response(
             render_prometheus(snapshot, self._top_tenants if admin else 0, inside=admin), media_type=CONTENT_TYPE

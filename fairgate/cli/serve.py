@@ -71,13 +71,19 @@ class ServeOverrides:
 
 
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
-    from common.sections import checked_cluster_secret, secret_from_env
+    from common.key_hashing import SECRET_ENV as KEY_HASH_SECRET_ENV
+    from common.sections import ConfigError, checked_cluster_secret, secret_from_env
     from gateway.config import load_config
     from gateway.config_schema import ADMIN
 
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
     given = secret_from_env("FAIRGATE_CLUSTER_SECRET")
+    if config.state.redis_url and not given and not secret_from_env(KEY_HASH_SECRET_ENV):
+        raise ConfigError(
+            "state.redis_url keeps tenants' key hashes across restarts: set FAIRGATE_CLUSTER_SECRET or"
+            f" {KEY_HASH_SECRET_ENV} (at least 32 characters) so that they stay valid from one run to the next"
+        )
     secret = checked_cluster_secret(given) if given else secrets.token_hex(32)  # else one per run
 
     from ray import serve

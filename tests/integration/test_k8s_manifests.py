@@ -152,7 +152,7 @@ def test_serve_configs_validate_and_agree(rendered, overlay):
 def test_no_secret_value_is_in_a_manifest_and_the_gateway_config_parses(rendered, overlay, monkeypatch):
     docs = rendered[overlay]
     secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
-    secret_values = [(secrets_dir / f).read_text().strip() for f in ("admin-key", "cluster-secret")]
+    secret_values = [(secrets_dir / f).read_text().strip() for f in ("admin-key", "cluster-secret", "key-hash-secret")]
     for doc in docs:
         if doc["kind"] != "Secret":
             assert not any(v in yaml.safe_dump(doc) for v in secret_values)
@@ -191,6 +191,26 @@ def pod_templates(docs: list[dict]) -> dict[str, dict]:
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
     templates.append(one(docs, "StatefulSet", "fairgate-redis")["spec"]["template"])
     return {t["metadata"]["labels"]["app.kubernetes.io/name"]: t for t in templates}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_key_hashing_secret_is_read_from_a_file_on_the_head_and_reaches_no_worker(rendered, overlay):
+    """Read by the head's processes from a mounted Secret, never passed through Ray (whose GCS keeps
+    actors' arguments, in Redis under fault tolerance): a copy of Redis cannot test guessed keys."""
+    docs = rendered[overlay]
+    secret = one(docs, "Secret", "fairgate-secrets")
+    assert "key-hash-secret" in secret["data"]
+    templates = pod_templates(docs)
+    head = templates["fairgate-head"]["spec"]
+    env = {e["name"]: e.get("value") for c in head["containers"] for e in c.get("env", [])}
+    path = env["FAIRGATE_KEY_HASH_SECRET_FILE"]
+    mounts = {m["mountPath"]: m["name"] for c in head["containers"] for m in c.get("volumeMounts", [])}
+    volume = mounts[str(Path(path).parent)]
+    secret_of = {v["name"]: v.get("secret", {}).get("secretName") for v in head["volumes"]}
+    assert secret_of[volume] == secret["metadata"]["name"]
+    for name, template in templates.items():
+        if name != "fairgate-head":
+            assert "key-hash-secret" not in str(template) and "KEY_HASH" not in str(template), name
 
 
 def test_ray_token_authentication_is_on(rendered):

@@ -7,7 +7,7 @@ import asyncio
 
 import yaml
 
-from common.sections import hash_key
+from common.key_hashing import key_digest
 from dispatcher.actor import DispatcherActor, dispatcher_settings
 from gateway.config import parse_config
 
@@ -35,15 +35,15 @@ def test_a_failed_change_never_undoes_a_key_rotation_made_while_it_was_saving():
             await put(record)
 
         store.put_tenant = put_tenant
-        failing = asyncio.create_task(d.change_tenant("create", "carol", hash_key("carol-key-0123456789")))
+        failing = asyncio.create_task(d.change_tenant("create", "carol", key_digest("carol-key-0123456789")))
         await saving.wait()
-        rotation = asyncio.create_task(d.change_tenant("update", "alice", hash_key("alice-new-key-0123456789")))
+        rotation = asyncio.create_task(d.change_tenant("update", "alice", key_digest("alice-new-key-0123456789")))
         await asyncio.sleep(0.05)
         fail.set()
         assert (await failing)["error"][0] == 503
         assert (await rotation)["name"] == "alice"
-        assert await d.lookup_key(hash_key("alice-new-key-0123456789")) == "alice"
-        assert await d.lookup_key(hash_key("carol-key-0123456789")) is None
+        assert await d.lookup_key(key_digest("alice-new-key-0123456789")) == "alice"
+        assert await d.lookup_key(key_digest("carol-key-0123456789")) is None
         await d.shutdown()
 
     asyncio.run(scenario())

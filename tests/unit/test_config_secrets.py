@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.sections import ConfigError, hash_key, secret_from_env
+from common.key_hashing import key_digest
+from common.sections import ConfigError, secret_from_env
 from gateway.config import parse_config
 from gateway.config_schema import ADMIN
 
@@ -16,7 +17,7 @@ def test_admin_key_is_generated_per_start_when_none_is_given(monkeypatch):
     monkeypatch.delenv("FAIRGATE_ADMIN_KEY_FILE", raising=False)
     first, generated = parse_config(TENANTS)
     _, again = parse_config(TENANTS)
-    assert generated[ADMIN] != again[ADMIN] and first.admin_key_hash == hash_key(generated[ADMIN])
+    assert generated[ADMIN] != again[ADMIN] and first.admin_key_hash == key_digest(generated[ADMIN])
 
 
 def test_admin_key_from_a_mounted_file(monkeypatch, tmp_path):
@@ -25,7 +26,7 @@ def test_admin_key_from_a_mounted_file(monkeypatch, tmp_path):
     monkeypatch.delenv("FAIRGATE_ADMIN_KEY", raising=False)
     monkeypatch.setenv("FAIRGATE_ADMIN_KEY_FILE", str(path))
     config, generated = parse_config(TENANTS)
-    assert ADMIN not in generated and config.admin_key_hash == hash_key("admin-key-from-a-secret-volume")
+    assert ADMIN not in generated and config.admin_key_hash == key_digest("admin-key-from-a-secret-volume")
     monkeypatch.setenv("FAIRGATE_ADMIN_KEY_FILE", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="FAIRGATE_ADMIN_KEY_FILE"):
         secret_from_env("FAIRGATE_ADMIN_KEY")
