@@ -17,7 +17,7 @@ import openai
 from tqdm import tqdm
 
 from dispatcher.core.costs import CostFunction, LinearCost
-from dispatcher.core.fairness import two_u
+from dispatcher.core.fairness import in_flight_reach, two_u
 from loadgen.metrics import RunSummary, ServiceRecorder, summarize
 from loadgen.workload import Workload
 
@@ -30,6 +30,7 @@ class ReplayConfig:
     policy_label: str = "endpoint"
     duration_s: float | None = None  # replay only the first part of the workload
     pool_tokens: int = 20_000  # the endpoint's total KV pool, for the 2U bound
+    overcommit: float = 2.0  # the endpoint's scheduler setting of that name (its pools in flight)
     cost: CostFunction = field(default_factory=LinearCost)
     progress: bool = True
     timeout_s: float = 600.0
@@ -128,7 +129,7 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
         replicas=0,
         kv_tokens=config.pool_tokens,
         duration_s=max(horizon, 1e-9),
-        bound=two_u(config.cost, *workload.longest(), config.pool_tokens),
+        bound=two_u(config.cost, *workload.longest(), in_flight_reach(config.pool_tokens, config.overcommit)),
     )
     summary.report["errors"] = errors
     return summary, errors

@@ -48,6 +48,7 @@ class SimulationConfig:
     block_size: int = 1
     max_running: int | None = None  # the engine's batch limit (vLLM's max_num_seqs)
     max_engine_waiting: int = 8
+    overcommit: float = 2.0  # pools of expected KV a worker takes in flight (the dispatcher's setting)
     seed: int = 42
     drain: bool = False
     prefix_caching: bool = True  # the engines keep a prefix cache (as vLLM does by default)

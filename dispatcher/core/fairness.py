@@ -3,9 +3,11 @@ and the tests: VTC's bound 2U, the largest counter gap between backlogged tenant
 the weighted max-min fair shares that Jain's index is taken against when demand is known.
 
 U (docs/architecture.md) is the most service one tenant can be charged ahead of another in one go: the charge of
-the longest prompt at dispatch, or a full KV pool of output tokens at the costliest per-token charge,
-U = max(h(L, 0), M × max over k of h(n_p, k) - h(n_p, k - 1)). For the linear cost this is
-max(w_p × L, w_q × M). For the profiled cost the per-token charge grows with the prompt and the
+the longest prompt at dispatch, or the output its requests in flight may still generate at the
+costliest per-token charge, U = max(h(L, 0), M × max over k of h(n_p, k) - h(n_p, k - 1)). For the
+linear cost this is max(w_p × L, w_q × M). M is the KV those requests may be expected to reach: the
+pool itself for engines filled by reservation (the paper's), ``overcommit`` pools for engines filled
+as they fill themselves (``in_flight_reach``). For the profiled cost the per-token charge grows with the prompt and the
 output so far; it is affine in both, so its largest value over prompts up to L and outputs up to O is
 at a corner of that box, and those four corners are what is evaluated.
 """
@@ -18,9 +20,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dispatcher.core.costs import CostFunction
 
 
+def in_flight_reach(pool_tokens: int, overcommit: float) -> int:
+    """M: the KV the requests in flight on a pool of ``pool_tokens`` (all workers') may be expected to
+    reach when each worker takes requests expected to reach ``overcommit`` pools. A tenant admitted
+    while its counter was the smallest can be charged that much output afterwards, so the bound grows
+    with it (in the simulator, a flood of long outputs beside short requests reached gaps of 37,878,
+    51,816, 63,058 and 88,082 at overcommit 1, 1.5, 2 and 3 on one 10,000-token engine)."""
+    return math.ceil(pool_tokens * overcommit)
+
+
 def unit_u(cost: CostFunction, longest_prompt: int, longest_output: int, pool_tokens: int) -> float:
-    """U for requests of prompts up to ``longest_prompt`` and outputs up to ``longest_output`` tokens on
-    a KV pool of ``pool_tokens`` (the total of all workers)."""
+    """U for requests of prompts up to ``longest_prompt`` and outputs up to ``longest_output`` tokens
+    that may reach ``pool_tokens`` of KV in flight (M: ``in_flight_reach``)."""
     total = cost.total
     last = max(1, longest_output)
     per_token = max(total(p, k) - total(p, k - 1) for p in {0, max(0, longest_prompt)} for k in {1, last})
@@ -37,8 +48,8 @@ def engine_queue_slack(cost: CostFunction, longest_prompt: int, queued: int) -> 
     engines (each engine's queue depth, summed), charged at dispatch but not yet served. A tenant's
     service lags its counter by at most the dispatch charges of its requests in there, and all tenants'
     together by at most ``queued`` longest prompts; over an interval, at both ends: 2 × queued × h(L, 0).
-    A preemption adds nothing: a preempted request's tokens were served and charged once, and its
-    recomputation is neither service nor charged."""
+    A preempted request's tokens were served and charged once, and its recomputation is neither
+    service nor charged; what preemption makes possible, requests in flight beyond one pool, is in M."""
     return 2.0 * queued * cost.total(longest_prompt, 0)
 
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
-from dispatcher.core.fairness import engine_queue_slack, unit_u
+from dispatcher.core.fairness import engine_queue_slack, in_flight_reach, unit_u
 from dispatcher.core.model import Request, start_need
 
 S = TypeVar("S")
@@ -79,7 +79,7 @@ class SchedulerViews:
     def bound_for(self, longest_prompt: int, longest_output: int, pool: int, engines: int) -> float:
         """The stated bound for requests of these sizes on ``engines`` engines of ``pool`` KV tokens in
         all: the policy's own (2U + Δ with locality slack), else VTC's 2U, plus the engines' queues."""
-        u = unit_u(self.cost, longest_prompt, longest_output, pool)
+        u = unit_u(self.cost, longest_prompt, longest_output, in_flight_reach(pool, self.config.overcommit))
         stated = self.policy.bound(u)
         queued = self.config.max_engine_waiting * engines
         return (2.0 * u if stated is None else stated) + engine_queue_slack(self.cost, longest_prompt, queued)

@@ -27,7 +27,8 @@ def test_overload_vtc_equalises_and_fcfs_follows_arrival_rates(overload_runs):
     # the calibrated engine: ~900 tokens/s when filled by reservation (the paper's), ~975 by its own rule
     assert 850 <= vtc["throughput_tokens_per_s"] <= 1000
     queues = engine_queue_slack(LinearCost(), 256, SimulationConfig().max_engine_waiting)  # 2 x 8 x 256
-    assert vtc["bound_held"] and vtc["max_abs_service_diff"] <= vtc["bound_2u"] == 40_000 + queues
+    assert vtc["bound_held"] and vtc["bound_2u"] == 2 * 2 * 2 * 10_000 + queues  # M: two pools in flight
+    assert vtc["max_abs_service_diff"] <= 40_000 + queues  # inside the paper's one-pool bound here too
     assert vtc["max_abs_service_diff"] <= fcfs["max_abs_service_diff"] / 10
     a, b = (vtc["tenants"][t]["service"] for t in "AB")
     assert a == pytest.approx(b, rel=0.02)
@@ -89,13 +90,13 @@ def idle_then_overload(idle_s: float):
 
 def test_lcf_gap_grows_with_the_idle_period_while_vtc_stays_bounded():
     gaps = {}
-    for idle in (30.0, 90.0):
+    for idle in (60.0, 180.0):
         w = idle_then_overload(idle)
         lcf, vtc = report(w, "lcf"), report(w, "vtc")
         assert vtc["bound_held"], idle
         gaps[idle] = lcf["max_abs_service_diff"]
         assert gaps[idle] > lcf["bound_2u"], idle
-    assert gaps[90.0] > 2.5 * gaps[30.0]
+    assert gaps[180.0] > 2 * gaps[60.0]  # it grows with the credit banked
 
 
 def test_lcf_starves_the_steady_tenant_on_dist_shift():

@@ -267,7 +267,7 @@ def test_the_simulators_report_checks_the_bound_per_sibling_pair_at_every_level(
     from loadgen.simulator import SimulationConfig, simulate
 
     spec = {
-        "duration_s": 120,
+        "duration_s": 240,
         "tree": [{"name": "org-a", "weight": 1}, {"name": "org-b", "weight": 3}, {"name": "team", "parent": "org-a"}],
         "classes": [{"name": "interactive", "weight": 3}, {"name": "batch"}],
         "tenants": [
