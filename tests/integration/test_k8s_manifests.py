@@ -7,6 +7,8 @@ overlay's gateway configuration parses."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -359,9 +361,11 @@ def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
 
 
 def _render(k8s: Path, overlay: str) -> list[dict]:
-    result = subprocess.run(
-        ["kubectl", "kustomize", str(k8s / "overlays" / overlay)], check=True, capture_output=True, text=True
-    )
+    return _render_dir(k8s / "overlays" / overlay)
+
+
+def _render_dir(path: Path) -> list[dict]:
+    result = subprocess.run(["kubectl", "kustomize", str(path)], check=True, capture_output=True, text=True)
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
@@ -483,3 +487,50 @@ def test_internal_endpoints_listen_on_fixed_ports_that_policies_name(rendered, o
         for p in r.get("ports", [])
     }
     assert {network.admission_port, network.dispatcher_port, network.worker_port} <= named
+
+
+def _images(docs: list[dict]) -> set[str]:
+    found: set[str] = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "image" and isinstance(value, str):
+                    found.add(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for doc in docs:
+        walk(doc)
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pinning_puts_every_image_of_an_overlay_at_the_digest_its_tag_names(rendered, overlay, tmp_path):
+    """No registry is reachable here: the digest lookup (crane, skopeo or docker on an operator's
+    machine) is replaced by a command that names each reference's digest; the rest is the script as
+    operators run it, and kustomize's own rendering."""
+    work = tmp_path / "k8s"
+    shutil.copytree(REPO / "k8s", work, ignore=shutil.ignore_patterns("pinned"))
+    (work / "base" / "secrets").mkdir(exist_ok=True)
+    for f in Path(rendered["_secrets"]).iterdir():  # type: ignore[arg-type]
+        shutil.copy(f, work / "base" / "secrets" / f.name)
+    lookup = tmp_path / "digest"
+    lookup.write_text('#!/bin/sh\nprintf "sha256:%s\\n" "$(printf %s "$1" | sha256sum | cut -c1-64)"\n')
+    lookup.chmod(0o755)
+    env = {**os.environ, "FAIRGATE_RESOLVE_DIGEST": str(lookup)}
+    subprocess.run(["bash", str(work / "pin-images.sh"), overlay], check=True, capture_output=True, env=env)
+    tagged = _images(rendered[overlay])
+    pinned = _images(_render_dir(work / "pinned" / overlay))
+    assert tagged and all("@" not in ref for ref in tagged)
+    expected = {ref.rsplit(":", 1)[0] + "@sha256:" + hashlib.sha256(ref.encode()).hexdigest() for ref in tagged}
+    assert pinned == expected
+
+    env["FAIRGATE_RESOLVE_DIGEST"] = "false"  # a lookup that fails: nothing is written over the last pin
+    before = (work / "pinned" / overlay / "kustomization.yaml").read_text()
+    failed = subprocess.run(["bash", str(work / "pin-images.sh"), overlay], capture_output=True, text=True, env=env)
+    assert failed.returncode == 1 and "cannot read the digest" in failed.stderr
+    assert (work / "pinned" / overlay / "kustomization.yaml").read_text() == before
