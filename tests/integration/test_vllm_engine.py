@@ -87,6 +87,15 @@ def test_pool_comes_from_vllm(engine):
     assert engine.runner.max_running == MAX_NUM_SEQS
 
 
+def test_a_first_request_of_two_tokens_leaves_the_engine_alive(engine):
+    """The module's first generation (keep it first): vLLM's CPU backend killed its model process on a
+    first forward pass of a few tokens (SIGILL), and every request after it failed; the runner warms
+    the engine up with a longer prompt when it starts."""
+    deltas = engine.run(engine.collect("tiny-first", GenerationParams([1, 2], max_tokens=3, ignore_eos=True)))
+    assert deltas[-1].completion_tokens == 3 and deltas[-1].finish_reason == "length"
+    assert engine.runner.healthy()
+
+
 def test_reports_match_vllm_kv_use_within_one_block_per_request(engine):
     """Replaying the reports as the dispatcher does (prompt + tokens so far per running request)
     predicts vLLM's free KV after every step within one block per running request."""

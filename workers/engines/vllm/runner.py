@@ -36,6 +36,9 @@ class _Pending:
     finished: list[FinishedRequest] = field(default_factory=list)
 
 
+WARM_UP_PROMPT_TOKENS = 32
+
+
 class VllmRunner:
     def __init__(self, settings: VllmSettings, served_model: str | None = None) -> None:
         self.settings = settings
@@ -78,7 +81,22 @@ class VllmRunner:
         watermark_blocks = int(float(getattr(scheduler, "watermark", 0.0)) * int(cache.num_gpu_blocks))
         self.watermark_tokens = watermark_blocks * self.block_size
         self.takes_priority = str(getattr(scheduler, "policy", "fcfs")) == "priority"
+        await self._warm_up()
         log.info("vLLM engine up: %d KV tokens in blocks of %d", self.kv_tokens, self.block_size)
+
+    async def _warm_up(self) -> None:
+        """One short generation before the first request: the first forward pass pays one-off costs,
+        and on vLLM's CPU backend a first pass of a few tokens can kill the model's process (SIGILL),
+        which a longer one first avoids (docs/vllm.md)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        assert self.llm is not None
+        sampling = SamplingParams(max_tokens=2, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        prompt = TokensPrompt(prompt_token_ids=list(range(1, WARM_UP_PROMPT_TOKENS + 1)))
+        async for _ in self.llm.generate(prompt, sampling, request_id="fairgate-warm-up"):
+            pass
 
     async def stop(self) -> None:
         if self.llm is not None:
