@@ -27,6 +27,7 @@ from common.rpc import fairgate_pb2 as pb
 from dispatcher.admission_service import AdmissionServer, submit_args
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.core.classes import RequestClass
+from dispatcher.core.quotas import QuotaBook, QuotaRule
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected
@@ -36,6 +37,7 @@ from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 100_000
+QUOTA_STATE_KEY = "~quotas"  # where the quota book is saved, beside each pool's state
 FORGET_SETTLED_AFTER_S = 160.0  # longer than a worker re-announces what ended (150 s): kept for that
 
 
@@ -54,6 +56,7 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "network": gateway.get("network") or {},
         "max_frame_bytes": frame_limit(int(ingress.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))),
         "key_hash_fingerprint": gateway.get("key_hash_fingerprint", ""),
+        "quotas": gateway.get("quotas") or [],
     }
 
 
@@ -68,7 +71,8 @@ class DispatcherActor:
         self._settings = settings
         config = SchedulerConfig.from_dict(settings["scheduler"])
         models = settings.get("models") or [""]
-        self._pools = {m: DispatcherService(config, secret.encode()) for m in models}
+        self._quotas = QuotaBook(QuotaRule.from_dict(q) for q in settings.get("quotas") or ())  # every pool's
+        self._pools = {m: DispatcherService(config, secret.encode(), quotas=self._quotas) for m in models}
         self._first = models[0]
         self._service = self._pools[self._first]
         self._classes = [
@@ -107,6 +111,10 @@ class DispatcherActor:
         self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
         loop = asyncio.get_running_loop()
         network = self._settings.get("network") or {}
+        if self._quotas:
+            saved_quotas = await self._store.load_state(QUOTA_STATE_KEY)
+            if saved_quotas is not None:
+                self._quotas.restore(saved_quotas)
         for index, (model, service) in enumerate(self._pools.items()):
             scheduler = service.scheduler
             saved = await self._store.load_state(self._state_key(model))
@@ -190,6 +198,9 @@ class DispatcherActor:
         try:
             for model, service in self._pools.items():
                 await self._store.save_state(service.durable_state(), self._state_key(model))
+            if self._quotas:
+                started = [rid for service in self._pools.values() for rid in service.scheduler.started_ids()]
+                await self._store.save_state(self._quotas.snapshot(started), QUOTA_STATE_KEY)
             return True
         except Exception as exc:  # serving goes on; the next interval tries again
             log.warning("dispatcher: could not save state: %s", exc)
@@ -237,7 +248,7 @@ class DispatcherActor:
                 klass=klass,
             )
         except Rejected as exc:
-            return pb.SubmitReply(rejected=exc.reason)
+            return pb.SubmitReply(rejected=exc.reason, message=exc.message, retry_after_s=exc.retry_after_s)
         return pb.SubmitReply(
             counter=service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
             service_tier=served_tier,
@@ -275,6 +286,16 @@ class DispatcherActor:
         return {"pid": os.getpid(), "rss_bytes": rss}
 
     # ------------------------------------------------------------------ tenants (ingress and admin API)
+
+    async def usage(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The token quotas over ``tenant`` (its own and its tree nodes'; None: every quota), each with
+        what its window has used, holds and has left."""
+        await self._ready()
+        if tenant is None:
+            return self._quotas.view(None, time.time())
+        t = self._service.scheduler.tenants.get(tenant)
+        names = [tenant] if t is None else self._service.scheduler.quota_names(t)
+        return self._quotas.view(names, time.time())
 
     async def lookup_key(self, key_hash: str) -> str | None:
         """The tenant owning an API key's hash, or None."""

@@ -25,6 +25,8 @@ from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
+from dispatcher.core.quotas import QuotaBook
+from dispatcher.core.reasons import REJECT_QUOTA
 from dispatcher.metrics import Histogram
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,27 @@ MAX_WORKER_STREAMS = 1024  # streams the workers' endpoint serves at once (repli
 
 
 class Rejected(Exception):
-    """The core refused a request (``reason``: rate_limited, too_large, ...)."""
+    """The core refused a request (``reason``: rate_limited, too_large, ...); ``message`` and
+    ``retry_after_s`` when the refusal has its own (a quota: which one, and when its window turns)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, message: str = "", retry_after_s: float = 0.0) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+def rejected(reason: str, scheduler: FairScheduler) -> Rejected:
+    """The refusal for ``reason``, with the quota's own words when a quota refused it."""
+    refusal = scheduler.last_refusal
+    if reason != REJECT_QUOTA or refusal is None:
+        return Rejected(reason)
+    rule = refusal.rule
+    message = (
+        f"this request may use up to {rule.node!r}'s {rule.max_tokens} tokens per {rule.window} quota, which has"
+        f" {refusal.left} left; it resets in {refusal.retry_after_s:.0f} s"
+    )
+    return Rejected(reason, message, refusal.retry_after_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +98,9 @@ class DispatcherService:
         ticket_ttl_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         observe: bool = True,
+        quotas: QuotaBook | None = None,
     ) -> None:
-        self.scheduler = FairScheduler(config)
+        self.scheduler = FairScheduler(config, quotas)
         self.id = uuid.uuid4().hex[:8]
         self._secret = secret
         self._ttl = ticket_ttl_s
@@ -205,7 +224,7 @@ class DispatcherService:
                 klass=klass,
             )
             if reason is not None:
-                raise Rejected(reason)
+                raise rejected(reason, s)
         stale = self._pending.get(request_id)
         if stale is not None and not stale.done():
             stale.cancel()
@@ -318,7 +337,7 @@ class DispatcherService:
         for req, reason in self.scheduler.take_dropped():
             future = self._pending.pop(req.id, None)
             if future is not None and not future.done():
-                future.set_exception(Rejected(reason))
+                future.set_exception(rejected(reason, self.scheduler))
         self._release_drained()
         self._set_pace()
 

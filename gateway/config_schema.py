@@ -190,6 +190,16 @@ class TelemetrySettings(Section):
         return "off" if value is False else value  # YAML reads a bare off as false
 
 
+class QuotaConfig(Section):
+    """A token quota (docs/gateway.md): what one tenant, or every tenant under one tree node together,
+    may use (prompt and output tokens) per window; a request that could take it over is refused with
+    429 ``insufficient_quota`` and the time its window turns."""
+
+    node: str = Field(min_length=1, description="the tenant or tree node it applies to")
+    window: Literal["minute", "hour", "day"] = Field(description="the window it counts over (fixed, UTC)")
+    max_tokens: int = Field(ge=1, description="prompt and output tokens per window")
+
+
 class GatewayConfig(Section):
     model: str  # the first model's name (a one-model gateway: the model)
     scheduler: dict[str, Any]  # SchedulerConfig.to_dict(): plain data, so it travels through Ray
@@ -204,12 +214,14 @@ class GatewayConfig(Section):
     state: StateSettings = Field(default_factory=StateSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
+    quotas: tuple[QuotaConfig, ...] = ()
 
     def plain(self) -> dict[str, Any]:
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
         data = self.model_dump()
         data["tenants"] = [{**t, "classes": list(t["classes"])} for t in data["tenants"]]
         data["tree"] = list(data["tree"])
+        data["quotas"] = list(data["quotas"])
         data["classes"] = [{**c, "tier": c["tier"] or c["name"]} for c in data["classes"]]
         data["models"] = [
             {**m, "tenants": None if m["tenants"] is None else list(m["tenants"])} for m in data["models"]
@@ -259,11 +271,13 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
         telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
         network = validate_section(NetworkSettings, raw.get("network") or {}, "network")
+        quotas = _entries(QuotaConfig, raw.get("quotas"), "quotas")
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     generated: dict[str, str] = {}
     tenants = _tenants(raw, where, generated)
     _check_tree(tree, tenants, classes, where)
+    _check_quotas(quotas, tenants, tree, where)
     if (tree or any(t.parent for t in tenants)) and not make_policy(scheduler["policy"]).tree:
         raise ConfigError(
             f"{where}: tree: a tenant tree needs a policy that orders by counters, not {scheduler['policy']!r}"
@@ -293,6 +307,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         state=state,
         telemetry=telemetry,
         network=network,
+        quotas=tuple(quotas),
     )
     return config, generated
 
@@ -363,6 +378,17 @@ def _entries(model: type[M], raw: Any, name: str) -> list[M]:
     if not isinstance(raw, list):
         raise ValueError(f"{name} must be a list of {{{', '.join(model.model_fields)}}}")
     return [validate_section(model, entry, f"{name}[{i}]") for i, entry in enumerate(raw)]
+
+
+def _check_quotas(quotas: list[QuotaConfig], tenants: list[TenantConfig], tree: list[NodeConfig], where: str) -> None:
+    names = {t.name for t in tenants} | {n.name for n in tree}
+    seen: set[tuple[str, str]] = set()
+    for q in quotas:
+        if q.node not in names:
+            raise ConfigError(f"{where}: quotas: no tenant or tree node named {q.node!r}")
+        if (q.node, q.window) in seen:
+            raise ConfigError(f"{where}: quotas: {q.node!r} has two quotas per {q.window}")
+        seen.add((q.node, q.window))
 
 
 def _classes(raw: Any) -> list[ClassConfig]:

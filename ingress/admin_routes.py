@@ -58,6 +58,11 @@ class AdminRoutes:
         await self._admin(request)
         return await self._change_node("delete", name, None, None)
 
+    async def admin_usage(self, request: Request) -> dict[str, Any]:
+        """Every token quota: used, held, left and when its window turns."""
+        await self._admin(request)
+        return {"object": "list", "data": await self._dispatcher.usage(None)}
+
     async def admin_stats(self, request: Request) -> dict[str, Any]:
         await self._admin(request)
         return await self._dispatcher.stats()

@@ -128,6 +128,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             ("/healthz", self.healthz, ["GET"], 200),
             ("/v1/models", self.models, ["GET"], 200),
             ("/v1/models/{model:path}", self.model, ["GET"], 200),
+            ("/v1/usage", self.usage, ["GET"], 200),
             ("/metrics", self.metrics, ["GET"], 200),
             ("/dashboard", self.dashboard, ["GET"], 200),
             ("/admin/dashboard.json", self.dashboard_data, ["GET"], 200),
@@ -140,6 +141,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             ("/admin/nodes/{name}", self.admin_update_node, ["PATCH"], 200),
             ("/admin/nodes/{name}", self.admin_delete_node, ["DELETE"], 200),
             ("/admin/stats", self.admin_stats, ["GET"], 200),
+            ("/admin/usage", self.admin_usage, ["GET"], 200),
         ):
             app.add_api_route(path, endpoint, methods=methods, status_code=status)
 
@@ -150,6 +152,11 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         """The models this tenant may use."""
         tenant = await self._tenant(request)
         return {"object": "list", "data": self._pools.listing(tenant)}
+
+    async def usage(self, request: Request) -> dict[str, Any]:
+        """The caller's own token quotas (its tenant's and its tree nodes'): used, held, left, reset."""
+        tenant = await self._tenant(request)
+        return {"object": "usage", "tenant": tenant, "quotas": await self._dispatcher.usage(tenant)}
 
     async def model(self, model: str, request: Request) -> dict[str, Any]:
         tenant = await self._tenant(request)
@@ -314,7 +321,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         if placement.rejected:
             if placement.rejected == "class_not_allowed":
                 raise ApiError(400, placement.message, param="service_tier", code="invalid_service_tier")
-            raise rejection_error(placement.rejected)
+            raise rejection_error(placement.rejected, placement.message, placement.retry_after_s)
         return placement
 
     async def _generate(

@@ -37,6 +37,9 @@ class DispatcherClient:
     async def list_nodes(self) -> list[dict[str, Any]]:
         return await self._call(lambda: self._actor.list_nodes.remote())
 
+    async def usage(self, tenant: str | None) -> list[dict[str, Any]]:
+        return await self._call(lambda: self._actor.usage.remote(tenant))
+
     async def stats(self) -> dict[str, Any]:
         return await self._call(lambda: self._actor.stats.remote())
 

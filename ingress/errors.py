@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from common.openai_errors import ApiError
 from dispatcher.core import reasons
 
@@ -56,7 +58,17 @@ _REJECTIONS: dict[str, tuple[int, str, str, str, int | None]] = {
 }
 
 
-def rejection_error(reason: str) -> ApiError:
+def rejection_error(reason: str, message: str = "", retry_after_s: float = 0.0) -> ApiError:
+    """The client's error for a refusal; ``message`` and ``retry_after_s``: the refusal's own, when it
+    has them (a quota's)."""
+    if reason == reasons.REJECT_QUOTA:
+        return ApiError(
+            429,
+            message or "this tenant's token quota has too little left for this request",
+            type_="insufficient_quota",
+            code="insufficient_quota",
+            headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
+        )
     if reason == reasons.REJECT_UNKNOWN_KEY:
         return ApiError(401, "incorrect API key provided", code="invalid_api_key")
     if reason == reasons.REJECT_TOO_LARGE:

@@ -41,7 +41,7 @@ class SubmitRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
-    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id")
+    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id", "retry_after_s")
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class SubmitReply(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     rejected: str
     message: str
     counter: float
@@ -58,7 +59,8 @@ class SubmitReply(_message.Message):
     address: str
     ticket: Ticket
     request_id: str
-    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    retry_after_s: float
+    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "report", "goodbye")

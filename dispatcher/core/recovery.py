@@ -65,6 +65,7 @@ class WorkerRecovery:
         t.in_flight -= 1
         self._release(req)
         self._refund_dispatch(t, req)
+        self.quotas.release(request_id)
         req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
         t.queue.appendleft(req)
         if before is None:  # it waits again, ahead of everything it sent later, as it did before

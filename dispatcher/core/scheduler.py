@@ -26,8 +26,10 @@ from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
 from dispatcher.core.predictors import MovingAveragePredictor
 from dispatcher.core.prefix_index import PrefixIndex
+from dispatcher.core.quotas import QuotaBook, Refusal
 from dispatcher.core.reasons import (
     REJECT_QUEUE_FULL,
+    REJECT_QUOTA,
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
@@ -55,8 +57,10 @@ class Assignment(NamedTuple):
 class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutOfOrderPicks):
     """Per-tenant queues and counters, the waiting set and the worker table, under one policy."""
 
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, config: SchedulerConfig | None = None, quotas: QuotaBook | None = None) -> None:
         self.config = config or SchedulerConfig()
+        self.quotas = quotas or QuotaBook()  # token quotas, shared by every pool of a dispatcher
+        self.last_refusal: Refusal | None = None  # the latest quota refusal (its answer says when to retry)
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
         self.ledger = Ledger(self.cost)  # its nodes: the tree's, below
@@ -127,6 +131,9 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         if config.max_queued is not None and len(self.state.queued_ids) >= config.max_queued:
             t.rejected += 1
             return REJECT_QUEUE_FULL
+        if self.quotas and self._over_quota(t, prompt_tokens + max_tokens, now):
+            t.rejected += 1
+            return REJECT_QUOTA
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
@@ -163,6 +170,9 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 break
             key, tenant, parent = top
             req = next_request(tenant)
+            if self.quotas and self._over_quota(tenant, req.prompt_tokens + req.max_tokens, now):
+                self._drop(tenant, req, REJECT_QUOTA)  # others of its quota took what was left meanwhile
+                continue
             if self._slack > 0 and req.prefix and self.prefixes.used:
                 picked = self._local_pick(key, tenant, req, parent)
                 if picked is not None:
@@ -231,6 +241,16 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         output = min(req.max_tokens, math.ceil(guess * FOOTPRINT_HEADROOM)) if guess else req.max_tokens
         return req.prompt_tokens + min(req.max_tokens, max(output, self.tenants[req.tenant].outgrown))
 
+    def quota_names(self, t: Tenant) -> list[str]:
+        """The names quotas can be set on for ``t``'s requests: its tenant's and its tree nodes'."""
+        return [t.name.partition("~")[0], *(node.name for node in t.ancestors)]
+
+    def _over_quota(self, t: Tenant, tokens: int, now: float) -> bool:
+        refusal = self.quotas.refusal(self.quota_names(t), tokens, now)
+        if refusal is not None:
+            self.last_refusal = refusal
+        return refusal is not None
+
     def _key_if_waiting(self, t: Tenant) -> float | None:
         return self._key(t.name) if t.queue else None
 
@@ -295,6 +315,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             self.ledger.account_cached(t, 0, req.cached, t.weight)
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
+        if self.quotas:
+            self.quotas.hold(req.id, self.quota_names(t), req.prompt_tokens + req.max_tokens, now)
         req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs
         req.beyond_room = not slot.starts_now(req.need)
         slot.beyond += req.beyond_room

@@ -157,13 +157,20 @@ class SchedulerViews:
         """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker)."""
         snapshots.restore_durable(self, data, now)
 
+    def started_ids(self) -> list[str]:
+        """Requests that ran and may still be announced: started and in flight, or lost with a worker."""
+        state = self.state
+        return [r.id for r in state.in_flight.values() if r.started] + list(state.settled)
+
     def forget_settled(self) -> None:
         """Drop what was kept for re-announcements and re-submissions once every worker and caller has
         had time to come back: called every so often, each call drops the settled entries that were
         already there at the one before (each is kept between one and two periods)."""
         state = self.state
         for request_id in state.settled_before:
-            state.settled.pop(request_id, None)
+            row = state.settled.pop(request_id, None)
+            if row is not None:  # lost with its worker and never announced again: its quota hold ends
+                self.quotas.settle(request_id, row[0] + row[1], (), 0.0)
             state.recovered.discard(request_id)
         state.settled_before = set(state.settled) | state.recovered
         state.resumed.clear()

@@ -75,8 +75,10 @@ class Settlement:
         before = self._key_if_waiting(t)
         if not req.started and req.output_tokens == 0:
             self._refund_dispatch(t, req)
+            self.quotas.release(request_id)
         else:
             self._settle_prediction(t, req)
+            self.quotas.settle(request_id, req.prompt_tokens + req.output_tokens, self.quota_names(t), now)
         self._release(req)
         t.in_flight -= 1
         t.finished += 1

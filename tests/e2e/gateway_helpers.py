@@ -86,6 +86,7 @@ def start_deploy(
     tenant_fields: dict[str, dict[str, Any]] | None = None,
     engine_queue: int = 8,
     ingress: dict[str, Any] | None = None,
+    quotas: list[dict[str, Any]] | None = None,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -97,7 +98,7 @@ def start_deploy(
     ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
     its configuration (``parent``, ``classes``). ``engine_queue``: requests that may wait inside an
     engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue).
-    ``ingress``: more of the ingress section."""
+    ``ingress``: more of the ingress section; ``quotas``: token quotas."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -139,6 +140,8 @@ def start_deploy(
     }
     if tree is not None:
         raw["tree"] = tree
+    if quotas is not None:
+        raw["quotas"] = quotas
     if classes is not None:
         raw["classes"] = classes
     if models is not None:

@@ -1,0 +1,165 @@
+"""Token quotas, counted in the core: a request is admitted only if its largest possible use fits what
+is left, held while it runs and replaced by its actual use when it ends; so whatever arrives, in
+whatever order, no quota's window ever uses more than its maximum."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig
+from dispatcher.core.quotas import QuotaBook, QuotaRule
+from dispatcher.core.reasons import REJECT_QUOTA
+from gateway.config import parse_config
+
+HOUR = 3600.0
+
+
+def scheduler(*rules: QuotaRule, **config) -> FairScheduler:
+    s = FairScheduler(SchedulerConfig(cost=LinearCost(1.0, 2.0), **config), QuotaBook(rules))
+    s.worker_join("w", kv_tokens=10_000)
+    return s
+
+
+def run(s: FairScheduler, rid: str, tenant: str, prompt: int, max_tokens: int, output: int, now: float) -> str | None:
+    """Submit, assign, start and finish one request with ``output`` tokens; the submission's answer."""
+    refused = s.submit(rid, tenant, prompt, max_tokens, now)
+    if refused:
+        return refused
+    s.assign(now)
+    s.on_report("w", {rid: output}, started={rid: prompt})
+    s.on_finish(rid, output, "stop", now)
+    return None
+
+
+def test_a_request_that_could_take_a_quota_over_is_refused_with_when_its_window_turns():
+    s = scheduler(QuotaRule("alice", "hour", 1000))
+    assert run(s, "a1", "alice", 100, 500, 50, 10.0) is None  # held 600, used 150 once it ended
+    assert s.quotas.view(["alice"], 10.0)[0] | {"resets_in_s": 0} == {
+        "node": "alice",
+        "window": "hour",
+        "max_tokens": 1000,
+        "used_tokens": 150,
+        "held_tokens": 0,
+        "remaining_tokens": 850,
+        "resets_in_s": 0,
+    }
+    assert s.submit("a2", "alice", 100, 800, 20.0) == REJECT_QUOTA  # 900 > 850 left
+    assert s.last_refusal.left == 850 and s.last_refusal.retry_after_s == pytest.approx(HOUR - 20.0)
+    assert s.submit("b1", "bob", 100, 800, 20.0) is None  # bob has no quota
+    assert run(s, "a3", "alice", 100, 750, 750, 21.0) is None  # 850 fits exactly, and is used
+    assert s.submit("a4", "alice", 1, 1, 22.0) == REJECT_QUOTA  # nothing left ...
+    assert run(s, "a5", "alice", 1, 1, 1, HOUR + 1.0) is None  # ... until the hour turns
+
+
+def test_requests_running_hold_their_largest_use_and_a_refund_gives_it_back():
+    s = scheduler(QuotaRule("alice", "minute", 1000))
+    assert s.submit("a1", "alice", 100, 500, 0.0) is None
+    s.assign(0.0)
+    assert s.quotas.view(["alice"], 0.0)[0]["held_tokens"] == 600
+    assert s.submit("a2", "alice", 100, 400, 0.0) == REJECT_QUOTA  # 500 > 400 left while a1 runs
+    assert s.requeue("a1")  # its worker could not be reached: back in its queue, its hold released
+    assert s.quotas.view(["alice"], 0.0)[0]["held_tokens"] == 0
+
+
+def test_queued_requests_that_together_exceed_what_is_left_are_refused_at_dispatch():
+    """Each fits on its own when it arrives; the second no longer fits when its turn comes."""
+    s = scheduler(QuotaRule("alice", "hour", 1000))
+    assert s.submit("a1", "alice", 100, 500, 0.0) is None
+    assert s.submit("a2", "alice", 100, 500, 0.0) is None
+    assigned = s.assign(0.0)
+    assert [a.request.id for a in assigned] == ["a1"]
+    assert [(r.id, reason) for r, reason in s.take_dropped()] == [("a2", REJECT_QUOTA)]
+
+
+def test_a_tree_nodes_quota_counts_every_tenant_under_it_and_every_class():
+    classes = ({"name": "interactive"}, {"name": "batch"})
+    from dispatcher.core.classes import RequestClass
+
+    s = scheduler(QuotaRule("team", "day", 1000), classes=tuple(RequestClass.from_dict(c) for c in classes))
+    s.set_node("team", None, 1.0)
+    s.add_tenant("alice", 1.0, "team")
+    s.add_tenant("bob", 1.0, "team")
+    assert run(s, "a1", "alice", 200, 300, 300, 0.0) is None  # 500 used
+    s.submit("b1", "bob", 100, 300, 0.0, klass="batch")
+    s.assign(0.0)  # 400 held by bob's batch class
+    assert s.submit("a2", "alice", 50, 51, 0.0) == REJECT_QUOTA  # 101 > 100 left for the team
+    assert s.last_refusal.rule.node == "team"
+
+
+def test_the_book_survives_a_restart_with_the_holds_of_requests_that_started():
+    s = scheduler(QuotaRule("alice", "hour", 1000))
+    s.submit("a1", "alice", 100, 500, 0.0)
+    s.submit("a2", "alice", 100, 200, 0.0)
+    s.assign(0.0)
+    s.on_report("w", {"a1": 10}, started={"a1": 100})  # a1 started, a2 not
+    saved = json.loads(json.dumps(s.quotas.snapshot(s.started_ids())))
+    book = QuotaBook([QuotaRule("alice", "hour", 1000)])
+    book.restore(saved)
+    assert book.view(["alice"], 1.0)[0]["held_tokens"] == 600  # a2 is submitted again and held then
+    book.settle("a1", 150, ["alice"], 2.0)
+    assert book.view(["alice"], 2.0)[0] | {"resets_in_s": 0} == {
+        "node": "alice",
+        "window": "hour",
+        "max_tokens": 1000,
+        "used_tokens": 150,
+        "held_tokens": 0,
+        "remaining_tokens": 850,
+        "resets_in_s": 0,
+    }
+
+
+requests = st.lists(
+    st.tuples(st.sampled_from("ab"), st.integers(1, 300), st.integers(1, 300), st.floats(0, 1), st.floats(0, 200)),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(requests)
+def test_no_window_ever_uses_more_than_its_quota(rows):
+    """Random requests, sizes, actual outputs and arrival times over several minute windows, with a
+    quota per tenant and one over both (a node), a few queued before each assignment: after every
+    event, no window's use and holds exceed its maximum, and what every tenant was served in a window
+    is within its quota."""
+    s = FairScheduler(SchedulerConfig(cost=LinearCost(1.0, 2.0)), QuotaBook([]))
+    rules = [QuotaRule("a", "minute", 700), QuotaRule("b", "minute", 500), QuotaRule("org", "minute", 1000)]
+    s.quotas = QuotaBook(rules)
+    s.set_node("org", None, 1.0)
+    s.add_tenant("a", 1.0, "org")
+    s.add_tenant("b", 1.0, "org")
+    s.worker_join("w", kv_tokens=100_000)
+    served: dict[tuple[str, int], int] = {}
+    for i, (tenant, prompt, max_tokens, fraction, at) in enumerate(sorted(rows, key=lambda r: r[4])):
+        rid = f"r{i}"
+        if s.submit(rid, tenant, prompt, max_tokens, at) is None and i % 3 == 2:  # a few queue up first
+            for a in s.assign(at):
+                out = max(1, round(a.request.max_tokens * fraction))
+                s.on_report("w", {a.request.id: out}, started={a.request.id: a.request.prompt_tokens})
+                s.on_finish(a.request.id, out, "stop", at)
+                key = (a.request.tenant, int(at // 60))
+                served[key] = served.get(key, 0) + a.request.prompt_tokens + out
+        s.take_dropped()
+        for row in s.quotas.view(None, at):
+            assert row["used_tokens"] + row["held_tokens"] <= row["max_tokens"], row
+    for (tenant, _), tokens in served.items():
+        assert tokens <= {"a": 700, "b": 500}[tenant]
+    for window in {w for _, w in served}:
+        assert sum(t for (_, w), t in served.items() if w == window) <= 1000
+
+
+def test_the_configuration_checks_quotas():
+    base = {"tenants": [{"name": "alice", "api_key": "a" * 20}], "admin_api_key": "fg-admin-" + "x" * 20}
+    config, _ = parse_config({**base, "quotas": [{"node": "alice", "window": "hour", "max_tokens": 5000}]})
+    assert config.plain()["quotas"] == [{"node": "alice", "window": "hour", "max_tokens": 5000}]
+    for quotas, needle in (
+        ([{"node": "nobody", "window": "hour", "max_tokens": 5}], "no tenant or tree node named 'nobody'"),
+        ([{"node": "alice", "window": "week", "max_tokens": 5}], "window"),
+        ([{"node": "alice", "window": "hour", "max_tokens": 0}], "max_tokens"),
+        ([{"node": "alice", "window": "hour", "max_tokens": 5}] * 2, "two quotas per hour"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            parse_config({**base, "quotas": quotas})
