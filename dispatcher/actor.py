@@ -178,6 +178,7 @@ class DispatcherActor:
         rates over the last 10 s, and (``series_s``) the sampled history for the live page."""
         await self._ready()
         data = self._service.telemetry()
+        data["quotas"] = self._quotas.view(None, time.time())
         data["jain"] = self._history.jain(60.0)
         data["rates"] = self._history.rates(10.0)
         if series_s:

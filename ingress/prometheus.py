@@ -12,6 +12,14 @@ from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+QUOTA_SERIES = (
+    ("fairgate_quota_limit_tokens", "A token quota's maximum per window", "max_tokens"),
+    ("fairgate_quota_used_tokens", "Tokens used in the quota's current window by requests that ended", "used_tokens"),
+    ("fairgate_quota_held_tokens", "Tokens held in the quota's current window by requests running", "held_tokens"),
+    ("fairgate_quota_remaining_tokens", "Tokens the quota's current window has left", "remaining_tokens"),
+)
+
+
 def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True) -> bytes:
     """The exposition text of one telemetry snapshot. ``inside`` False (an anonymous scrape): nothing
     of the pool's inside (no worker ids or their KV, no queue depths or backlog, no worker count)."""
@@ -40,6 +48,12 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
         family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["node", "parent"])
         for node in shown:
             family.add_metric([node, nodes[node]["parent"]], float(nodes[node].get(key, 0.0)))
+        families.append(family)
+    quotas = snapshot.get("quotas") or [] if top_n else []  # named tenants and nodes: the admin's scrape only
+    for name, doc, key in QUOTA_SERIES if quotas else ():
+        family = GaugeMetricFamily(name, doc, labels=["node", "window"])
+        for row in quotas:
+            family.add_metric([row["node"], row["window"]], float(row[key]))
         families.append(family)
     scalars = [
         ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),

@@ -145,6 +145,18 @@ def test_node_series_are_capped_like_tenants_and_only_for_the_admin():
     assert "fairgate_node_" not in anonymous
 
 
+def test_quota_series_per_node_and_window_only_for_the_admin():
+    row = {"node": "org", "window": "hour", "max_tokens": 1000, "used_tokens": 300, "held_tokens": 200}
+    data = snapshot() | {"quotas": [row | {"remaining_tokens": 500, "resets_in_s": 10.0}]}
+    text = render_prometheus(data, top_n=2).decode()
+    samples = {(s.name, s.labels.get("node", "")): s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("fairgate_quota_used_tokens", "org")].value == 300
+    assert samples[("fairgate_quota_held_tokens", "org")].labels["window"] == "hour"
+    assert samples[("fairgate_quota_remaining_tokens", "org")].value == 500
+    assert samples[("fairgate_quota_limit_tokens", "org")].value == 1000
+    assert "fairgate_quota_" not in render_prometheus(data, top_n=0, inside=False).decode()
+
+
 def test_an_anonymous_scrape_shows_nothing_of_the_pools_inside():
     """No worker ids, KV, queue depths or worker count without the admin key; the fairness gauges stay."""
     anonymous = render_prometheus(snapshot(), top_n=0, inside=False).decode()
