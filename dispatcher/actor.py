@@ -27,7 +27,7 @@ from common.rpc import fairgate_pb2 as pb
 from dispatcher.admission_service import AdmissionServer, submit_args
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.core.classes import RequestClass
-from dispatcher.core.quotas import QuotaBook, QuotaRule
+from dispatcher.core.quotas import Prices, QuotaBook, QuotaRule
 from dispatcher.metrics import ServiceHistory
 from dispatcher.otlp_metrics import start_otlp_metrics
 from dispatcher.service import DispatcherService, Rejected
@@ -57,6 +57,7 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "max_frame_bytes": frame_limit(int(ingress.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))),
         "key_hash_fingerprint": gateway.get("key_hash_fingerprint", ""),
         "quotas": gateway.get("quotas") or [],
+        "prices": gateway.get("prices") or {},
     }
 
 
@@ -72,7 +73,11 @@ class DispatcherActor:
         config = SchedulerConfig.from_dict(settings["scheduler"])
         models = settings.get("models") or [""]
         self._quotas = QuotaBook(QuotaRule.from_dict(q) for q in settings.get("quotas") or ())  # every pool's
-        self._pools = {m: DispatcherService(config, secret.encode(), quotas=self._quotas) for m in models}
+        prices = settings.get("prices") or {}
+        self._pools = {
+            m: DispatcherService(config, secret.encode(), quotas=self._quotas, prices=Prices.from_dict(prices.get(m)))
+            for m in models
+        }
         self._first = models[0]
         self._service = self._pools[self._first]
         self._classes = [

@@ -25,7 +25,7 @@ from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
-from dispatcher.core.quotas import QuotaBook
+from dispatcher.core.quotas import Prices, QuotaBook
 from dispatcher.core.reasons import REJECT_QUOTA
 from dispatcher.metrics import Histogram
 
@@ -62,8 +62,8 @@ def rejected(reason: str, scheduler: FairScheduler) -> Rejected:
         return Rejected(reason)
     rule = refusal.rule
     message = (
-        f"this request may use up to {rule.node!r}'s {rule.max_tokens} tokens per {rule.window} quota, which has"
-        f" {refusal.left} left; it resets in {refusal.retry_after_s:.0f} s"
+        f"this request could use more than {rule.node!r}'s quota per {rule.window} has left ({refusal.left});"
+        f" it resets in {refusal.retry_after_s:.0f} s"
     )
     return Rejected(reason, message, refusal.retry_after_s)
 
@@ -99,8 +99,9 @@ class DispatcherService:
         clock: Callable[[], float] = time.time,
         observe: bool = True,
         quotas: QuotaBook | None = None,
+        prices: Prices | None = None,
     ) -> None:
-        self.scheduler = FairScheduler(config, quotas)
+        self.scheduler = FairScheduler(config, quotas, prices)
         self.id = uuid.uuid4().hex[:8]
         self._secret = secret
         self._ttl = ticket_ttl_s

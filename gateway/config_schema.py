@@ -191,13 +191,28 @@ class TelemetrySettings(Section):
 
 
 class QuotaConfig(Section):
-    """A token quota (docs/gateway.md): what one tenant, or every tenant under one tree node together,
-    may use (prompt and output tokens) per window; a request that could take it over is refused with
-    429 ``insufficient_quota`` and the time its window turns."""
+    """A quota (docs/gateway.md): what one tenant, or every tenant under one tree node together, may use
+    per window, in tokens (prompt and output), in money (at each model's ``prices``) or both; a request
+    that could take it over is refused with 429 ``insufficient_quota`` and the time its window turns."""
 
     node: str = Field(min_length=1, description="the tenant or tree node it applies to")
     window: Literal["minute", "hour", "day"] = Field(description="the window it counts over (fixed, UTC)")
-    max_tokens: int = Field(ge=1, description="prompt and output tokens per window")
+    max_tokens: int | None = Field(None, ge=1, description="prompt and output tokens per window")
+    max_cost: float | None = Field(None, gt=0, description="money per window, at the models' prices")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> QuotaConfig:
+        if self.max_tokens is None and self.max_cost is None:
+            raise ValueError("give max_tokens, max_cost or both")
+        return self
+
+
+class PriceConfig(Section):
+    """One model's prices, in money per million tokens (for money quotas)."""
+
+    input: float = Field(0.0, ge=0, description="per million prompt tokens the engine computed")
+    cached_input: float = Field(0.0, ge=0, description="per million prompt tokens found in its prefix cache")
+    output: float = Field(0.0, ge=0, description="per million output tokens")
 
 
 class GatewayConfig(Section):
@@ -215,6 +230,7 @@ class GatewayConfig(Section):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quotas: tuple[QuotaConfig, ...] = ()
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)  # model -> its prices
 
     def plain(self) -> dict[str, Any]:
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
@@ -272,6 +288,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
         network = validate_section(NetworkSettings, raw.get("network") or {}, "network")
         quotas = _entries(QuotaConfig, raw.get("quotas"), "quotas")
+        prices = _prices(raw.get("prices"), models)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     generated: dict[str, str] = {}
@@ -308,6 +325,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         telemetry=telemetry,
         network=network,
         quotas=tuple(quotas),
+        prices=prices,
     )
     return config, generated
 
@@ -378,6 +396,18 @@ def _entries(model: type[M], raw: Any, name: str) -> list[M]:
     if not isinstance(raw, list):
         raise ValueError(f"{name} must be a list of {{{', '.join(model.model_fields)}}}")
     return [validate_section(model, entry, f"{name}[{i}]") for i, entry in enumerate(raw)]
+
+
+def _prices(raw: Any, models: list[ModelPool]) -> dict[str, PriceConfig]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError("prices must map model names to {input, cached_input, output}")
+    names = {m.name for m in models}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ValueError(f"prices: no model named {unknown[0]!r}")
+    return {name: validate_section(PriceConfig, entry, f"prices.{name}") for name, entry in raw.items()}
 
 
 def _check_quotas(quotas: list[QuotaConfig], tenants: list[TenantConfig], tree: list[NodeConfig], where: str) -> None:

@@ -17,6 +17,10 @@ QUOTA_SERIES = (
     ("fairgate_quota_used_tokens", "Tokens used in the quota's current window by requests that ended", "used_tokens"),
     ("fairgate_quota_held_tokens", "Tokens held in the quota's current window by requests running", "held_tokens"),
     ("fairgate_quota_remaining_tokens", "Tokens the quota's current window has left", "remaining_tokens"),
+    ("fairgate_quota_limit_cost", "A money quota's maximum per window", "max_cost"),
+    ("fairgate_quota_used_cost", "Money used in the quota's current window by requests that ended", "used_cost"),
+    ("fairgate_quota_held_cost", "Money held in the quota's current window by requests running", "held_cost"),
+    ("fairgate_quota_remaining_cost", "Money the quota's current window has left", "remaining_cost"),
 )
 
 
@@ -51,10 +55,12 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
         families.append(family)
     quotas = snapshot.get("quotas") or [] if top_n else []  # named tenants and nodes: the admin's scrape only
     for name, doc, key in QUOTA_SERIES if quotas else ():
-        family = GaugeMetricFamily(name, doc, labels=["node", "window"])
-        for row in quotas:
-            family.add_metric([row["node"], row["window"]], float(row[key]))
-        families.append(family)
+        rows = [row for row in quotas if row.get(key) is not None]
+        if rows:
+            family = GaugeMetricFamily(name, doc, labels=["node", "window"])
+            for row in rows:
+                family.add_metric([row["node"], row["window"]], float(row[key]))
+            families.append(family)
     scalars = [
         ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),
         ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),

@@ -1,7 +1,8 @@
-"""Token quotas per tenant or tree node and window (a minute, an hour, a day), counted centrally and
-exactly: a request is admitted only if its largest possible use (its prompt and its ``max_tokens``)
-fits what every quota above it has left, that much is held while it runs, and its actual use replaces
-the hold when it ends. So no quota is exceeded, whatever the number of ingress replicas or model pools
+"""Token and money quotas per tenant or tree node and window (a minute, an hour, a day), counted
+centrally and exactly: a request is admitted only if its largest possible use (its prompt and its
+``max_tokens``; in money, at its model's prices, the prompt as if none of it were cached) fits what
+every quota above it has left, that much is held while it runs, and its actual use replaces the hold
+when it ends. So no quota is exceeded, whatever the number of ingress replicas or model pools
 (one book serves every pool of a dispatcher). A request over quota is refused with the time its
 window turns. Windows are fixed (aligned to the epoch), and a request counts in the window it was
 admitted in.
@@ -22,16 +23,46 @@ WINDOWS_S = {"minute": 60.0, "hour": 3600.0, "day": 86400.0}
 
 
 @dataclass(frozen=True)
+class Prices:
+    """A model's prices, in money per million tokens."""
+
+    input: float = 0.0
+    cached_input: float = 0.0
+    output: float = 0.0
+
+    def cost(self, prompt: int, cached: int, output: int) -> float:
+        return ((prompt - cached) * self.input + cached * self.cached_input + output * self.output) / 1e6
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Prices:
+        data = data or {}
+        return cls(float(data.get("input", 0.0)), float(data.get("cached_input", 0.0)), float(data.get("output", 0.0)))
+
+
+@dataclass(frozen=True)
+class Amount:
+    """Tokens and money together: what a request holds, uses or may use."""
+
+    tokens: int = 0
+    cost: float = 0.0
+
+
+@dataclass(frozen=True)
 class QuotaRule:
     node: str  # a tenant's name or a tree node's
     window: str  # minute, hour or day
-    max_tokens: int  # prompt and output tokens in one window
+    max_tokens: int | None = None  # prompt and output tokens in one window
+    max_cost: float | None = None  # money in one window (at each model's prices)
 
     def __post_init__(self) -> None:
         if self.window not in WINDOWS_S:
             raise ValueError(f"quota on {self.node!r}: window must be one of {', '.join(WINDOWS_S)}")
-        if self.max_tokens < 1:
+        if self.max_tokens is None and self.max_cost is None:
+            raise ValueError(f"quota on {self.node!r}: give max_tokens, max_cost or both")
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"quota on {self.node!r}: max_tokens must be at least 1")
+        if self.max_cost is not None and not self.max_cost > 0:
+            raise ValueError(f"quota on {self.node!r}: max_cost must be positive")
 
     @property
     def key(self) -> str:
@@ -44,11 +75,23 @@ class QuotaRule:
         return (index + 1) * WINDOWS_S[self.window]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "window": self.window, "max_tokens": self.max_tokens}
+        return {"node": self.node, "window": self.window, "max_tokens": self.max_tokens, "max_cost": self.max_cost}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuotaRule:
-        return cls(str(data["node"]), str(data["window"]), int(data["max_tokens"]))
+        tokens, cost = data.get("max_tokens"), data.get("max_cost")
+        return cls(
+            str(data["node"]),
+            str(data["window"]),
+            None if tokens is None else int(tokens),
+            None if cost is None else float(cost),
+        )
+
+    def over(self, usage: Usage, more: Amount) -> bool:
+        """Whether ``more`` on top of what its window used and holds would exceed this quota."""
+        if self.max_tokens is not None and usage.used + usage.held + more.tokens > self.max_tokens:
+            return True
+        return self.max_cost is not None and usage.used_cost + usage.held_cost + more.cost > self.max_cost + 1e-12
 
 
 @dataclass
@@ -58,11 +101,19 @@ class Usage:
     window: int = -1
     used: int = 0
     held: int = 0
+    used_cost: float = 0.0
+    held_cost: float = 0.0
+
+    def add(self, held: Amount, used: Amount) -> None:
+        self.held += held.tokens
+        self.held_cost += held.cost
+        self.used += used.tokens
+        self.used_cost += used.cost
 
 
 @dataclass
 class Hold:
-    tokens: int
+    amount: Amount
     windows: dict[str, int] = field(default_factory=dict)  # rule key -> the window it was held in
 
 
@@ -70,7 +121,7 @@ class Hold:
 class Refusal:
     rule: QuotaRule
     retry_after_s: float  # until the rule's window turns
-    left: int  # tokens the window has left
+    left: str  # what the window has left, in words
 
 
 class QuotaBook:
@@ -91,47 +142,47 @@ class QuotaBook:
         usage = self._usage.setdefault(rule.key, Usage())
         index = rule.window_of(now)
         if usage.window != index:  # the window turned: what ran in the last one is not counted again
-            usage.window, usage.used = index, 0
-            usage.held = sum(h.tokens for h in self._holds.values() if h.windows.get(rule.key) == index)
+            usage.window, usage.used, usage.used_cost = index, 0, 0.0
+            held = [h.amount for h in self._holds.values() if h.windows.get(rule.key) == index]
+            usage.held, usage.held_cost = sum(a.tokens for a in held), sum(a.cost for a in held)
         return usage
 
-    def refusal(self, names: Iterable[str], tokens: int, now: float) -> Refusal | None:
-        """The first quota of ``names`` that ``tokens`` more would exceed now, or None."""
+    def refusal(self, names: Iterable[str], most: Amount, now: float) -> Refusal | None:
+        """The first quota of ``names`` that ``most`` more would exceed now, or None."""
         for rule in self._applying(names):
             usage = self._current(rule, now)
-            left = rule.max_tokens - usage.used - usage.held
-            if tokens > left:
-                return Refusal(rule, max(1.0, rule.window_end(usage.window) - now), max(0, left))
+            if rule.over(usage, most):
+                return Refusal(rule, max(1.0, rule.window_end(usage.window) - now), _left(rule, usage))
         return None
 
-    def hold(self, request_id: str, names: Iterable[str], tokens: int, now: float) -> None:
-        """Hold ``tokens`` for a request dispatched now, in every quota of ``names``."""
-        hold = Hold(tokens)
+    def hold(self, request_id: str, names: Iterable[str], most: Amount, now: float) -> None:
+        """Hold ``most`` for a request dispatched now, in every quota of ``names``."""
+        hold = Hold(most)
         for rule in self._applying(names):
             usage = self._current(rule, now)
-            usage.held += tokens
+            usage.add(most, Amount())
             hold.windows[rule.key] = usage.window
         if hold.windows:
             self._holds[request_id] = hold
 
     def release(self, request_id: str) -> None:
         """A request that never ran (refunded): its hold goes."""
-        self.settle(request_id, 0, (), 0.0)
+        self.settle(request_id, Amount(), (), 0.0)
 
-    def settle(self, request_id: str, used: int, names: Iterable[str], now: float) -> None:
-        """A request ended having used ``used`` tokens: they replace its hold, in the windows it was
-        held in. One with no hold (it was dispatched after the state this book was restored from was
-        saved) counts in the quotas of ``names`` now."""
+    def settle(self, request_id: str, used: Amount, names: Iterable[str], now: float) -> None:
+        """A request ended having used ``used``: it replaces its hold, in the windows it was held in.
+        One with no hold (it was dispatched after the state this book was restored from was saved)
+        counts in the quotas of ``names`` now."""
         hold = self._holds.pop(request_id, None)
         if hold is None:
             for rule in self._applying(names):
-                self._current(rule, now).used += used
+                self._current(rule, now).add(Amount(), used)
             return
+        back = Amount(-hold.amount.tokens, -hold.amount.cost)
         for key, window in hold.windows.items():
             usage = self._usage.get(key)
             if usage is not None and usage.window == window:
-                usage.held -= hold.tokens
-                usage.used += used
+                usage.add(back, used)
 
     def view(self, names: Iterable[str] | None, now: float) -> list[dict[str, Any]]:
         """Each quota (of ``names``; None: all) with what its window has used, holds and has left."""
@@ -139,15 +190,13 @@ class QuotaBook:
         rows = []
         for rule in rules:
             usage = self._current(rule, now)
-            rows.append(
-                rule.to_dict()
-                | {
-                    "used_tokens": usage.used,
-                    "held_tokens": usage.held,
-                    "remaining_tokens": max(0, rule.max_tokens - usage.used - usage.held),
-                    "resets_in_s": rule.window_end(usage.window) - now,
-                }
-            )
+            row = rule.to_dict() | {"used_tokens": usage.used, "held_tokens": usage.held}
+            if rule.max_tokens is not None:
+                row["remaining_tokens"] = max(0, rule.max_tokens - usage.used - usage.held)
+            row |= {"used_cost": round(usage.used_cost, 9), "held_cost": round(usage.held_cost, 9)}
+            if rule.max_cost is not None:
+                row["remaining_cost"] = round(max(0.0, rule.max_cost - usage.used_cost - usage.held_cost), 9)
+            rows.append(row | {"resets_in_s": rule.window_end(usage.window) - now})
         return rows
 
     def snapshot(self, started: Iterable[str]) -> dict[str, Any]:
@@ -155,16 +204,29 @@ class QuotaBook:
         dispatch charges are in the durable state)."""
         keep = set(started)
         return {
-            "usage": {key: [u.window, u.used] for key, u in self._usage.items()},
-            "holds": {rid: [h.tokens, h.windows] for rid, h in self._holds.items() if rid in keep},
+            "usage": {key: [u.window, u.used, u.used_cost] for key, u in self._usage.items()},
+            "holds": {
+                rid: [h.amount.tokens, h.amount.cost, h.windows] for rid, h in self._holds.items() if rid in keep
+            },
         }
 
     def restore(self, data: Mapping[str, Any]) -> None:
         self._holds = {
-            rid: Hold(int(tokens), {k: int(w) for k, w in windows.items()})
-            for rid, (tokens, windows) in data.get("holds", {}).items()
+            rid: Hold(Amount(int(tokens), float(cost)), {k: int(w) for k, w in windows.items()})
+            for rid, (tokens, cost, windows) in data.get("holds", {}).items()
         }
         self._usage = {}
-        for key, (window, used) in data.get("usage", {}).items():
-            held = sum(h.tokens for h in self._holds.values() if h.windows.get(key) == int(window))
-            self._usage[key] = Usage(int(window), int(used), held)
+        for key, (window, used, used_cost) in data.get("usage", {}).items():
+            held = [h.amount for h in self._holds.values() if h.windows.get(key) == int(window)]
+            self._usage[key] = Usage(
+                int(window), int(used), sum(a.tokens for a in held), float(used_cost), sum(a.cost for a in held)
+            )
+
+
+def _left(rule: QuotaRule, usage: Usage) -> str:
+    parts = []
+    if rule.max_tokens is not None:
+        parts.append(f"{max(0, rule.max_tokens - usage.used - usage.held)} tokens")
+    if rule.max_cost is not None:
+        parts.append(f"{max(0.0, rule.max_cost - usage.used_cost - usage.held_cost):.6f} in money")
+    return " and ".join(parts)

@@ -26,7 +26,7 @@ from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
 from dispatcher.core.predictors import MovingAveragePredictor
 from dispatcher.core.prefix_index import PrefixIndex
-from dispatcher.core.quotas import QuotaBook, Refusal
+from dispatcher.core.quotas import Amount, Prices, QuotaBook, Refusal
 from dispatcher.core.reasons import (
     REJECT_QUEUE_FULL,
     REJECT_QUOTA,
@@ -57,9 +57,12 @@ class Assignment(NamedTuple):
 class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutOfOrderPicks):
     """Per-tenant queues and counters, the waiting set and the worker table, under one policy."""
 
-    def __init__(self, config: SchedulerConfig | None = None, quotas: QuotaBook | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig | None = None, quotas: QuotaBook | None = None, prices: Prices | None = None
+    ) -> None:
         self.config = config or SchedulerConfig()
-        self.quotas = quotas or QuotaBook()  # token quotas, shared by every pool of a dispatcher
+        self.quotas = quotas or QuotaBook()  # token and money quotas, shared by every pool of a dispatcher
+        self.prices = prices or Prices()  # this pool's model's, for money quotas
         self.last_refusal: Refusal | None = None  # the latest quota refusal (its answer says when to retry)
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
@@ -131,7 +134,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         if config.max_queued is not None and len(self.state.queued_ids) >= config.max_queued:
             t.rejected += 1
             return REJECT_QUEUE_FULL
-        if self.quotas and self._over_quota(t, prompt_tokens + max_tokens, now):
+        if self.quotas and self._over_quota(t, self._most(prompt_tokens, max_tokens), now):
             t.rejected += 1
             return REJECT_QUOTA
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
@@ -170,7 +173,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 break
             key, tenant, parent = top
             req = next_request(tenant)
-            if self.quotas and self._over_quota(tenant, req.prompt_tokens + req.max_tokens, now):
+            if self.quotas and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now):
                 self._drop(tenant, req, REJECT_QUOTA)  # others of its quota took what was left meanwhile
                 continue
             if self._slack > 0 and req.prefix and self.prefixes.used:
@@ -245,8 +248,15 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         """The names quotas can be set on for ``t``'s requests: its tenant's and its tree nodes'."""
         return [t.name.partition("~")[0], *(node.name for node in t.ancestors)]
 
-    def _over_quota(self, t: Tenant, tokens: int, now: float) -> bool:
-        refusal = self.quotas.refusal(self.quota_names(t), tokens, now)
+    def _most(self, prompt_tokens: int, max_tokens: int) -> Amount:
+        """The most a request may use: all its tokens, its prompt priced as if none of it were cached."""
+        return Amount(prompt_tokens + max_tokens, self.prices.cost(prompt_tokens, 0, max_tokens))
+
+    def _used(self, prompt_tokens: int, cached: int, output_tokens: int) -> Amount:
+        return Amount(prompt_tokens + output_tokens, self.prices.cost(prompt_tokens, cached, output_tokens))
+
+    def _over_quota(self, t: Tenant, most: Amount, now: float) -> bool:
+        refusal = self.quotas.refusal(self.quota_names(t), most, now)
         if refusal is not None:
             self.last_refusal = refusal
         return refusal is not None
@@ -316,7 +326,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
         if self.quotas:
-            self.quotas.hold(req.id, self.quota_names(t), req.prompt_tokens + req.max_tokens, now)
+            self.quotas.hold(req.id, self.quota_names(t), self._most(req.prompt_tokens, req.max_tokens), now)
         req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs
         req.beyond_room = not slot.starts_now(req.need)
         slot.beyond += req.beyond_room

@@ -170,7 +170,7 @@ class SchedulerViews:
         for request_id in state.settled_before:
             row = state.settled.pop(request_id, None)
             if row is not None:  # lost with its worker and never announced again: its quota hold ends
-                self.quotas.settle(request_id, row[0] + row[1], (), 0.0)
+                self.quotas.settle(request_id, self._used(row[0], 0, row[1]), (), 0.0)
             state.recovered.discard(request_id)
         state.settled_before = set(state.settled) | state.recovered
         state.resumed.clear()

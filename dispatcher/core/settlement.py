@@ -78,7 +78,8 @@ class Settlement:
             self.quotas.release(request_id)
         else:
             self._settle_prediction(t, req)
-            self.quotas.settle(request_id, req.prompt_tokens + req.output_tokens, self.quota_names(t), now)
+            used = self._used(req.prompt_tokens, req.cached, req.output_tokens)
+            self.quotas.settle(request_id, used, self.quota_names(t), now)
         self._release(req)
         t.in_flight -= 1
         t.finished += 1

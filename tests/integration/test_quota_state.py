@@ -10,6 +10,7 @@ import uuid
 import yaml
 
 from dispatcher.actor import DispatcherActor, dispatcher_settings
+from dispatcher.core.quotas import Amount
 from gateway.config import parse_config
 
 SECRET = "q" * 32
@@ -49,7 +50,7 @@ def test_a_new_dispatcher_continues_with_the_saved_usage_and_holds(redis_url):
         after = second._quotas.view([tenant], now)
         assert [(r["used_tokens"], r["held_tokens"]) for r in after] == [(400, 1000)]
         assert after == before
-        second._quotas.settle("running", 250, [tenant], now)  # its worker announces it ended
+        second._quotas.settle("running", Amount(250, 0.0), [tenant], now)  # its worker announces it ended
         assert second._quotas.view([tenant], now)[0]["used_tokens"] == 650
         await second.shutdown()
 

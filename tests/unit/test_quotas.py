@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig
-from dispatcher.core.quotas import QuotaBook, QuotaRule
+from dispatcher.core.quotas import Amount, Prices, QuotaBook, QuotaRule
 from dispatcher.core.reasons import REJECT_QUOTA
 from gateway.config import parse_config
 
@@ -42,17 +42,43 @@ def test_a_request_that_could_take_a_quota_over_is_refused_with_when_its_window_
         "node": "alice",
         "window": "hour",
         "max_tokens": 1000,
+        "max_cost": None,
         "used_tokens": 150,
         "held_tokens": 0,
         "remaining_tokens": 850,
+        "used_cost": 0.0,
+        "held_cost": 0.0,
         "resets_in_s": 0,
     }
     assert s.submit("a2", "alice", 100, 800, 20.0) == REJECT_QUOTA  # 900 > 850 left
-    assert s.last_refusal.left == 850 and s.last_refusal.retry_after_s == pytest.approx(HOUR - 20.0)
+    assert s.last_refusal.left == "850 tokens" and s.last_refusal.retry_after_s == pytest.approx(HOUR - 20.0)
     assert s.submit("b1", "bob", 100, 800, 20.0) is None  # bob has no quota
     assert run(s, "a3", "alice", 100, 750, 750, 21.0) is None  # 850 fits exactly, and is used
     assert s.submit("a4", "alice", 1, 1, 22.0) == REJECT_QUOTA  # nothing left ...
     assert run(s, "a5", "alice", 1, 1, 1, HOUR + 1.0) is None  # ... until the hour turns
+
+
+def test_a_money_quota_holds_the_most_a_request_may_cost_and_counts_what_it_did():
+    """Prices per million tokens: prompt 2, cached prompt 0.5, output 8. A request of 1,000 prompt
+    tokens and up to 500 output holds 0.006 (none of its prompt cached, all its output); it used 800
+    cached prompt tokens and 100 output: 0.0004 + 0.0004 + 0.0008."""
+    s = FairScheduler(
+        SchedulerConfig(cost=LinearCost(1.0, 2.0)),
+        QuotaBook([QuotaRule("alice", "day", max_cost=0.01)]),
+        Prices(input=2.0, cached_input=0.5, output=8.0),
+    )
+    s.worker_join("w", kv_tokens=10_000)
+    assert s.submit("a1", "alice", 1000, 500, 0.0) is None
+    s.assign(0.0)
+    assert s.quotas.view(["alice"], 0.0)[0]["held_cost"] == pytest.approx(0.006)
+    assert s.submit("a2", "alice", 1000, 500, 0.0) == REJECT_QUOTA  # 0.006 more would exceed 0.01
+    assert "in money" in s.last_refusal.left
+    s.on_report("w", {"a1": 100}, started={"a1": 1000}, cached={"a1": 800})
+    s.on_finish("a1", 100, "stop", 1.0)
+    row = s.quotas.view(["alice"], 1.0)[0]
+    assert row["used_cost"] == pytest.approx(0.0016) and row["held_cost"] == 0
+    assert row["remaining_cost"] == pytest.approx(0.0084) and row["used_tokens"] == 1100
+    assert s.submit("a2", "alice", 1000, 500, 2.0) is None
 
 
 def test_requests_running_hold_their_largest_use_and_a_refund_gives_it_back():
@@ -100,14 +126,17 @@ def test_the_book_survives_a_restart_with_the_holds_of_requests_that_started():
     book = QuotaBook([QuotaRule("alice", "hour", 1000)])
     book.restore(saved)
     assert book.view(["alice"], 1.0)[0]["held_tokens"] == 600  # a2 is submitted again and held then
-    book.settle("a1", 150, ["alice"], 2.0)
+    book.settle("a1", Amount(150, 0.0), ["alice"], 2.0)
     assert book.view(["alice"], 2.0)[0] | {"resets_in_s": 0} == {
         "node": "alice",
         "window": "hour",
         "max_tokens": 1000,
+        "max_cost": None,
         "used_tokens": 150,
         "held_tokens": 0,
         "remaining_tokens": 850,
+        "used_cost": 0.0,
+        "held_cost": 0.0,
         "resets_in_s": 0,
     }
 
@@ -154,12 +183,13 @@ def test_no_window_ever_uses_more_than_its_quota(rows):
 def test_the_configuration_checks_quotas():
     base = {"tenants": [{"name": "alice", "api_key": "a" * 20}], "admin_api_key": "fg-admin-" + "x" * 20}
     config, _ = parse_config({**base, "quotas": [{"node": "alice", "window": "hour", "max_tokens": 5000}]})
-    assert config.plain()["quotas"] == [{"node": "alice", "window": "hour", "max_tokens": 5000}]
+    assert config.plain()["quotas"] == [{"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None}]
     for quotas, needle in (
         ([{"node": "nobody", "window": "hour", "max_tokens": 5}], "no tenant or tree node named 'nobody'"),
         ([{"node": "alice", "window": "week", "max_tokens": 5}], "window"),
         ([{"node": "alice", "window": "hour", "max_tokens": 0}], "max_tokens"),
         ([{"node": "alice", "window": "hour", "max_tokens": 5}] * 2, "two quotas per hour"),
+        ([{"node": "alice", "window": "hour"}], "max_tokens, max_cost or both"),
     ):
         with pytest.raises(ValueError, match=needle):
             parse_config({**base, "quotas": quotas})

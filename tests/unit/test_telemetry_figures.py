@@ -147,13 +147,24 @@ def test_node_series_are_capped_like_tenants_and_only_for_the_admin():
 
 def test_quota_series_per_node_and_window_only_for_the_admin():
     row = {"node": "org", "window": "hour", "max_tokens": 1000, "used_tokens": 300, "held_tokens": 200}
-    data = snapshot() | {"quotas": [row | {"remaining_tokens": 500, "resets_in_s": 10.0}]}
+    money = {"node": "team", "window": "day", "max_tokens": None, "max_cost": 5.0, "used_tokens": 10}
+    data = snapshot() | {
+        "quotas": [
+            row | {"max_cost": None, "remaining_tokens": 500, "used_cost": 0.1, "held_cost": 0.0, "resets_in_s": 10.0},
+            money | {"used_cost": 1.5, "held_cost": 0.5, "remaining_cost": 3.0, "resets_in_s": 10.0},
+        ]
+    }
     text = render_prometheus(data, top_n=2).decode()
     samples = {(s.name, s.labels.get("node", "")): s for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("fairgate_quota_used_tokens", "org")].value == 300
     assert samples[("fairgate_quota_held_tokens", "org")].labels["window"] == "hour"
     assert samples[("fairgate_quota_remaining_tokens", "org")].value == 500
     assert samples[("fairgate_quota_limit_tokens", "org")].value == 1000
+    assert samples[("fairgate_quota_remaining_cost", "team")].value == 3.0
+    assert ("fairgate_quota_limit_tokens", "team") not in samples and (
+        "fairgate_quota_limit_cost",
+        "org",
+    ) not in samples
     assert "fairgate_quota_" not in render_prometheus(data, top_n=0, inside=False).decode()
 
 
