@@ -199,6 +199,11 @@ class QuotaConfig(Section):
     window: Literal["minute", "hour", "day"] = Field(description="the window it counts over (fixed, UTC)")
     max_tokens: int | None = Field(None, ge=1, description="prompt and output tokens per window")
     max_cost: float | None = Field(None, gt=0, description="money per window, at the models' prices")
+    over: Literal["reject", "demote"] = Field(
+        "reject",
+        description="a request that could take it over: refused (429 insufficient_quota) or demote (served"
+        " only from capacity no request within its quotas is waiting for)",
+    )
 
     @model_validator(mode="after")
     def _some_limit(self) -> QuotaConfig:

@@ -53,8 +53,11 @@ class QuotaRule:
     window: str  # minute, hour or day
     max_tokens: int | None = None  # prompt and output tokens in one window
     max_cost: float | None = None  # money in one window (at each model's prices)
+    over: str = "reject"  # a request that could take it over: refused (reject) or served from spare capacity
 
     def __post_init__(self) -> None:
+        if self.over not in ("reject", "demote"):
+            raise ValueError(f"quota on {self.node!r}: over must be reject or demote")
         if self.window not in WINDOWS_S:
             raise ValueError(f"quota on {self.node!r}: window must be one of {', '.join(WINDOWS_S)}")
         if self.max_tokens is None and self.max_cost is None:
@@ -75,7 +78,13 @@ class QuotaRule:
         return (index + 1) * WINDOWS_S[self.window]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "window": self.window, "max_tokens": self.max_tokens, "max_cost": self.max_cost}
+        return {
+            "node": self.node,
+            "window": self.window,
+            "max_tokens": self.max_tokens,
+            "max_cost": self.max_cost,
+            "over": self.over,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuotaRule:
@@ -85,9 +94,10 @@ class QuotaRule:
             str(data["window"]),
             None if tokens is None else int(tokens),
             None if cost is None else float(cost),
+            str(data.get("over") or "reject"),
         )
 
-    def over(self, usage: Usage, more: Amount) -> bool:
+    def exceeded(self, usage: Usage, more: Amount) -> bool:
         """Whether ``more`` on top of what its window used and holds would exceed this quota."""
         if self.max_tokens is not None and usage.used + usage.held + more.tokens > self.max_tokens:
             return True
@@ -148,12 +158,17 @@ class QuotaBook:
         return usage
 
     def refusal(self, names: Iterable[str], most: Amount, now: float) -> Refusal | None:
-        """The first quota of ``names`` that ``most`` more would exceed now, or None."""
+        """A quota of ``names`` that ``most`` more would exceed now (one that rejects before one that
+        demotes), or None."""
+        demoting = None
         for rule in self._applying(names):
             usage = self._current(rule, now)
-            if rule.over(usage, most):
-                return Refusal(rule, max(1.0, rule.window_end(usage.window) - now), _left(rule, usage))
-        return None
+            if rule.exceeded(usage, most):
+                refusal = Refusal(rule, max(1.0, rule.window_end(usage.window) - now), _left(rule, usage))
+                if rule.over == "reject":
+                    return refusal
+                demoting = demoting or refusal
+        return demoting
 
     def hold(self, request_id: str, names: Iterable[str], most: Amount, now: float) -> None:
         """Hold ``most`` for a request dispatched now, in every quota of ``names``."""

@@ -40,11 +40,12 @@ from dispatcher.core.scheduler_state import SchedulerState
 from dispatcher.core.scheduler_views import SchedulerViews
 from dispatcher.core.settlement import Settlement, cacheable
 from dispatcher.core.tenant_book import TenantBook
-from dispatcher.core.tree import TenantTree
+from dispatcher.core.tree import CLASS_SEP, SPARE, TenantTree
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
 PRIORITY_SCALE = 100  # preemption ranks in hundredths of a request in flight per unit of weight
+SPARE_PRIORITY = 10**9  # the rank of a request served over its quota: preempted first
 
 
 class Assignment(NamedTuple):
@@ -135,8 +136,11 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             t.rejected += 1
             return REJECT_QUEUE_FULL
         if self.quotas and self._over_quota(t, self._most(prompt_tokens, max_tokens), now):
-            t.rejected += 1
-            return REJECT_QUOTA
+            if self.last_refusal.rule.over == "reject":
+                t.rejected += 1
+                return REJECT_QUOTA
+            t = self.spare_leaf(self.quota_names(t)[0])  # served from what no one else wants
+            tenant = t.name
         if not resumed and not self.policy.admit(t, now):  # last: a refusal for another reason uses no slot
             t.rejected += 1
             return REJECT_RATE_LIMITED
@@ -173,8 +177,15 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 break
             key, tenant, parent = top
             req = next_request(tenant)
-            if self.quotas and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now):
-                self._drop(tenant, req, REJECT_QUOTA)  # others of its quota took what was left meanwhile
+            if (
+                self.quotas
+                and parent is not self.tree.spare
+                and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now)
+            ):  # others of its quota took what was left meanwhile
+                if self.last_refusal.rule.over == "reject":
+                    self._drop(tenant, req, REJECT_QUOTA)
+                else:
+                    self._demote(tenant, req)
                 continue
             if self._slack > 0 and req.prefix and self.prefixes.used:
                 picked = self._local_pick(key, tenant, req, parent)
@@ -184,6 +195,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                     out.append(Assignment(self._dispatch(picked_tenant, picked_req, slot, now, at_top), slot.id))
                     continue
             slot = place(req.need, req)
+            if parent is self.tree.spare and slot is not None and not slot.starts_now(req.need):
+                break  # a demoted request never waits inside an engine ahead of one that comes later
             if slot is None:
                 largest = self.workers.largest_pool
                 if largest and req.prompt_tokens + req.max_tokens > largest:
@@ -245,8 +258,10 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         return req.prompt_tokens + min(req.max_tokens, max(output, self.tenants[req.tenant].outgrown))
 
     def quota_names(self, t: Tenant) -> list[str]:
-        """The names quotas can be set on for ``t``'s requests: its tenant's and its tree nodes'."""
-        return [t.name.partition("~")[0], *(node.name for node in t.ancestors)]
+        """The names quotas can be set on for ``t``'s requests (any class's, or demoted): its tenant's and
+        its tree nodes' (a tenant with classes has a node of its own name: once)."""
+        owner = self.tenants.get(t.name.partition(CLASS_SEP)[0], t)
+        return list(dict.fromkeys([owner.name, *(node.name for node in owner.ancestors)]))
 
     def _most(self, prompt_tokens: int, max_tokens: int) -> Amount:
         """The most a request may use: all its tokens, its prompt priced as if none of it were cached."""
@@ -328,6 +343,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         if self.quotas:
             self.quotas.hold(req.id, self.quota_names(t), self._most(req.prompt_tokens, req.max_tokens), now)
         req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs
+        if t.parent == SPARE:
+            req.priority = SPARE_PRIORITY  # preempted before anyone within their quotas
         req.beyond_room = not slot.starts_now(req.need)
         slot.beyond += req.beyond_room
         req.footprint = self._footprint(req)
@@ -344,6 +361,18 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             else:
                 self.tree.leave(t, at_top=True)
         return req
+
+    def _demote(self, t: Tenant, req: Request) -> None:
+        """Move a waiting request over a demoting quota to its tenant's spare leaf (the spare band)."""
+        self._take(t, req)
+        spare = self.spare_leaf(self.quota_names(t)[0])
+        req.tenant = spare.name
+        joins = not spare.queue
+        spare.queue.append(req)
+        if joins:
+            self.tree.join(spare, True)
+        spare.queued_tokens += req.prompt_tokens + req.max_tokens
+        self.state.queued_ids[req.id] = spare.name
 
     def _drop(self, t: Tenant, req: Request, reason: str) -> None:
         self._take(t, req)

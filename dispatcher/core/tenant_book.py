@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dispatcher.core.classes import leaf_name
 from dispatcher.core.model import Tenant
-from dispatcher.core.tree import CLASS_SEP, ROOT, STRICT, TreeError, TreeNode
+from dispatcher.core.tree import CLASS_SEP, ROOT, SPARE, STRICT, TreeError, TreeNode
 from dispatcher.core.weights import weight_problem
 
 
@@ -71,6 +71,17 @@ class TenantBook:
             parent = STRICT if spec.strict else self._own_node(t).name
             leaf = Tenant(name, spec.weight)
             self.tree.attach(leaf, parent)
+            self.tenants[name] = leaf
+        return leaf
+
+    def spare_leaf(self, tenant: str) -> Tenant:
+        """The leaf that queues ``tenant``'s requests over a demoting quota, in the spare band (served
+        only when no one else waits), created on first use."""
+        name = f"{tenant}{CLASS_SEP}{SPARE}"
+        leaf = self.tenants.get(name)
+        if leaf is None:
+            leaf = Tenant(name, 1.0)
+            self.tree.attach(leaf, SPARE)
             self.tenants[name] = leaf
         return leaf
 

@@ -31,6 +31,7 @@ from dispatcher.core.weights import weight_problem
 
 ROOT = ""  # the fair tree's root
 STRICT = "~strict"  # the strict band's root (no tenant or node name can contain "~")
+SPARE = "~spare"  # the spare band's root: requests over a demoting quota, served from what no one else wants
 CLASS_SEP = "~"
 
 
@@ -84,6 +85,9 @@ class TenantTree:
         self.root.waiting = WaitingSet(leaf_key)
         self.strict = TreeNode(STRICT)
         self.strict.waiting = WaitingSet(leaf_key)
+        self.spare = TreeNode(SPARE)
+        self.spare.waiting = WaitingSet(leaf_key)
+        self.bands = (self.strict, self.root, self.spare)  # served in this order
         self.resumed: set[str] = set()  # nodes that were waiting when the durable state was written
 
     # ------------------------------------------------------------------ structure
@@ -96,6 +100,8 @@ class TenantTree:
             return self.root
         if name == STRICT:
             return self.strict
+        if name == SPARE:
+            return self.spare
         node = self.nodes.get(name)
         if node is None:
             raise TreeError(f"no tree node {name!r}")
@@ -125,8 +131,8 @@ class TenantTree:
             if name in self._tenants and not implicit:
                 raise TreeError(f"{name!r} is a tenant; a node needs a name of its own")
             above = self.node(parent or ROOT)
-            if above is self.strict:
-                raise TreeError("the strict band holds tenants' operator classes only")
+            if above is self.strict or above is self.spare:
+                raise TreeError("the strict and spare bands hold no tree nodes")
             self._check_free(above, name, None)
             node = self.nodes[name] = TreeNode(name, float(weight or 1.0), above.name, implicit=implicit)
             node.waiting = WaitingSet(self._member_key(node))
@@ -162,7 +168,7 @@ class TenantTree:
 
     def delete_node(self, name: str) -> None:
         node = self.node(name)
-        if node is self.root or node is self.strict:
+        if node in self.bands:
             raise TreeError("the roots cannot be deleted")
         if node.kids:
             raise TreeError(f"node {name!r} still has {len(node.kids)} member(s): move or delete them first")
@@ -179,8 +185,8 @@ class TenantTree:
             return
         if type(member) is TreeNode and (target is member or member in self._path(target)):
             raise TreeError(f"moving {member.name!r} under {parent!r} would make a cycle")
-        if target is self.strict:
-            raise TreeError("the strict band holds tenants' operator classes only")
+        if target is self.strict or target is self.spare:
+            raise TreeError("the strict and spare bands hold only what the gateway puts there")
         self._check_free(target, member.name, member)
         waiting = self._is_waiting(member)
         if waiting:
@@ -219,7 +225,7 @@ class TenantTree:
             if lift:
                 self._rejoin(member, lambda n=node: self._floor(n))
             node.waiting.push(member.name, self._key_in(member))  # type: ignore[union-attr]
-            if joined_before or node is self.root or node is self.strict:
+            if joined_before or node in self.bands:
                 return
             member, node = node, self.parent_of(node)
             lift = lift_nodes and member.name not in self.resumed
@@ -238,8 +244,9 @@ class TenantTree:
 
     def pick(self) -> tuple[float, Tenant, TreeNode] | None:
         """The leaf served next: the strict band first, then down the fair tree taking the smallest
-        child at each level. Returns (its key, the tenant, its parent) or None when no one waits."""
-        node = self.strict if len(self.strict.waiting) else self.root  # type: ignore[arg-type]
+        child at each level, then the spare band. Returns (its key, the tenant, its parent) or None when
+        no one waits."""
+        node = next((band for band in self.bands if len(band.waiting)), self.root)  # type: ignore[arg-type]
         while True:
             top = node.waiting.peek()  # type: ignore[union-attr]
             if top is None:
@@ -250,7 +257,7 @@ class TenantTree:
             node = member
 
     def any_waiting(self) -> bool:
-        return bool(len(self.root.waiting) or len(self.strict.waiting))  # type: ignore[arg-type]
+        return any(len(band.waiting) for band in self.bands)  # type: ignore[arg-type]
 
     def rekey_ancestors(self, t: Tenant) -> None:
         """Counters above ``t`` may have gone down (a refund, a correction): re-key them where they wait
@@ -261,7 +268,7 @@ class TenantTree:
     # ------------------------------------------------------------------ snapshots
 
     def snapshot(self) -> dict[str, Any]:
-        every = [self.root, self.strict, *self.nodes.values()]
+        every = [*self.bands, *self.nodes.values()]
         return {
             "nodes": [n.row() for n in self.snapshot_order()],
             "waiting": {n.name: [[m, tie] for m, tie in n.waiting.entries()] for n in every},  # type: ignore[union-attr]
@@ -300,7 +307,7 @@ class TenantTree:
     def _path(self, node: TreeNode) -> list[TreeNode]:
         """``node`` and the nodes above it, nearest first (the roots excluded)."""
         path = []
-        while node is not self.root and node is not self.strict:
+        while node not in self.bands:
             path.append(node)
             node = self.node(node.parent)
         return path
@@ -339,7 +346,7 @@ class TenantTree:
         self._cascade(node)
 
     def _cascade(self, node: TreeNode) -> None:
-        while not len(node.waiting) and node is not self.root and node is not self.strict:  # type: ignore[arg-type]
+        while not len(node.waiting) and node not in self.bands:  # type: ignore[arg-type]
             above = self.parent_of(node)
             above.waiting.remove(node.name)  # type: ignore[union-attr]
             above.last_left = node.name

@@ -43,6 +43,7 @@ def test_a_request_that_could_take_a_quota_over_is_refused_with_when_its_window_
         "window": "hour",
         "max_tokens": 1000,
         "max_cost": None,
+        "over": "reject",
         "used_tokens": 150,
         "held_tokens": 0,
         "remaining_tokens": 850,
@@ -132,6 +133,7 @@ def test_the_book_survives_a_restart_with_the_holds_of_requests_that_started():
         "window": "hour",
         "max_tokens": 1000,
         "max_cost": None,
+        "over": "reject",
         "used_tokens": 150,
         "held_tokens": 0,
         "remaining_tokens": 850,
@@ -183,7 +185,8 @@ def test_no_window_ever_uses_more_than_its_quota(rows):
 def test_the_configuration_checks_quotas():
     base = {"tenants": [{"name": "alice", "api_key": "a" * 20}], "admin_api_key": "fg-admin-" + "x" * 20}
     config, _ = parse_config({**base, "quotas": [{"node": "alice", "window": "hour", "max_tokens": 5000}]})
-    assert config.plain()["quotas"] == [{"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None}]
+    (quota,) = config.plain()["quotas"]
+    assert quota == {"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None, "over": "reject"}
     for quotas, needle in (
         ([{"node": "nobody", "window": "hour", "max_tokens": 5}], "no tenant or tree node named 'nobody'"),
         ([{"node": "alice", "window": "week", "max_tokens": 5}], "window"),
@@ -193,3 +196,28 @@ def test_the_configuration_checks_quotas():
     ):
         with pytest.raises(ValueError, match=needle):
             parse_config({**base, "quotas": quotas})
+
+
+def test_a_demoting_quota_serves_its_tenant_only_from_what_no_one_within_quota_waits_for():
+    """alice's hourly quota demotes: once it is used, her requests wait in the spare band. They run
+    when no one else waits, never wait inside an engine (so one that comes later within its quota
+    goes first), and are preempted first; her usage goes on counting."""
+    s = FairScheduler(
+        SchedulerConfig(cost=LinearCost(1.0, 2.0)),
+        QuotaBook([QuotaRule("alice", "hour", 300, over="demote")]),
+    )
+    s.worker_join("w", kv_tokens=10_000, max_running=1)
+    assert run(s, "a1", "alice", 100, 200, 200, 0.0) is None  # 300: the quota is used
+    assert s.submit("a2", "alice", 100, 100, 1.0) is None  # demoted, not refused
+    assert s.submit("b1", "bob", 100, 100, 1.0) is None
+    (first,) = s.assign(1.0)
+    assert first.request.id == "b1"  # bob, within quota, goes first although alice's came first
+    assert s.assign(1.0) == []  # the engine runs one at a time: a2 does not wait inside it
+    s.on_report("w", {"b1": 100}, started={"b1": 100})
+    s.on_finish("b1", 100, "stop", 2.0)
+    (second,) = s.assign(2.0)
+    assert second.request.id == "a2" and second.request.priority == 10**9  # preempted first
+    s.on_report("w", {"a2": 50}, started={"a2": 100})
+    s.on_finish("a2", 50, "stop", 3.0)
+    assert s.quotas.view(["alice"], 3.0)[0]["used_tokens"] == 450  # past its quota, counted
+    assert s.tenants["alice"].service > 0 and s.tenants["alice~~spare"].service == 100 + 2 * 50
