@@ -390,7 +390,9 @@ class DispatcherService:
                 h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens), int(h.watermark_tokens)
             )
             for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
-                if s.adopt(h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens):
+                if s.adopt(
+                    h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, self._clock()
+                ):
                     self._forget_orphan(r.request_id)
             now = self._clock()
             for r in h.ended:  # ended while the stream was down: settled here, exactly once
@@ -404,7 +406,9 @@ class DispatcherService:
             in_flight = s.in_flight()
             for st in r.started:  # assigned before a restart or a broken stream: adopt it
                 adopted = st.request_id not in in_flight and st.tenant
-                if adopted and s.adopt(worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0):
+                if adopted and s.adopt(
+                    worker_id, st.request_id, st.tenant, st.prompt_tokens, st.max_tokens, 0, self._clock()
+                ):
                     self._forget_orphan(st.request_id)
             now = self._clock()
             if self._observe:

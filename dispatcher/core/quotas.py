@@ -180,6 +180,9 @@ class QuotaBook:
         if hold.windows:
             self._holds[request_id] = hold
 
+    def holding(self, request_id: str) -> bool:
+        return request_id in self._holds
+
     def release(self, request_id: str) -> None:
         """A request that never ran (refunded): its hold goes."""
         self.settle(request_id, Amount(), (), 0.0)

@@ -80,7 +80,14 @@ class WorkerRecovery:
         return True
 
     def adopt(
-        self, worker_id: str, request_id: str, tenant: str, prompt_tokens: int, max_tokens: int, output_tokens: int
+        self,
+        worker_id: str,
+        request_id: str,
+        tenant: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        output_tokens: int,
+        now: float = 0.0,
     ) -> bool:
         """A worker announces a running request this scheduler does not track (after a dispatcher
         restart, or a worker's stream that broke). It is taken into the tables and charged what it has
@@ -120,6 +127,8 @@ class WorkerRecovery:
         slot.in_flight += 1
         t.in_flight += 1
         self.state.in_flight[request_id] = req
+        if self.quotas and not self.quotas.holding(request_id):  # its quotas learn of it now, and hold it
+            self.quotas.hold(request_id, self.quota_names(t), self._most(prompt_tokens, length), now)
         return True
 
     def settle_ended(
@@ -159,7 +168,7 @@ class WorkerRecovery:
             if req.started:
                 return False  # it runs elsewhere: that worker reports it
             self.on_finish(request_id, 0, "abort", now)  # a copy placed elsewhere that never started
-        if not self.adopt(worker_id, request_id, tenant, prompt_tokens, max_tokens, output_tokens):
+        if not self.adopt(worker_id, request_id, tenant, prompt_tokens, max_tokens, output_tokens, now):
             return False
         self.on_finish(request_id, output_tokens, "stop", now)
         if unsaved_window:

@@ -221,3 +221,15 @@ def test_a_demoting_quota_serves_its_tenant_only_from_what_no_one_within_quota_w
     s.on_finish("a2", 50, "stop", 3.0)
     assert s.quotas.view(["alice"], 3.0)[0]["used_tokens"] == 450  # past its quota, counted
     assert s.tenants["alice"].service > 0 and s.tenants["alice~~spare"].service == 100 + 2 * 50
+
+
+def test_a_request_a_restarted_dispatcher_never_saw_is_held_when_its_worker_announces_it():
+    """Assigned after the last save, running when the dispatcher restarted: its worker's hello names it,
+    and from then on its quotas hold it as if it had been admitted here, then count what it used."""
+    s = scheduler(QuotaRule("alice", "hour", 1000))  # a fresh dispatcher: the book knows nothing of it
+    assert s.adopt("w", "early", "alice", 100, 500, 10, now=5.0)
+    assert s.quotas.view(["alice"], 5.0)[0]["held_tokens"] == 600
+    assert s.submit("a2", "alice", 100, 400, 5.0) == REJECT_QUOTA
+    s.on_finish("early", 200, "stop", 6.0)
+    row = s.quotas.view(["alice"], 6.0)[0]
+    assert (row["used_tokens"], row["held_tokens"]) == (300, 0)
