@@ -177,16 +177,14 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 break
             key, tenant, parent = top
             req = next_request(tenant)
-            if (
-                self.quotas
-                and parent is not self.tree.spare
-                and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now)
-            ):  # others of its quota took what was left meanwhile
+            if self.quotas and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now):
+                # others of its quotas took what was left meanwhile (demoted already: a refusing one)
                 if self.last_refusal.rule.over == "reject":
                     self._drop(tenant, req, REJECT_QUOTA)
-                else:
+                    continue
+                if parent is not self.tree.spare:
                     self._demote(tenant, req)
-                continue
+                    continue
             if self._slack > 0 and req.prefix and self.prefixes.used:
                 picked = self._local_pick(key, tenant, req, parent)
                 if picked is not None:

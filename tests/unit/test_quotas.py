@@ -233,3 +233,24 @@ def test_a_request_a_restarted_dispatcher_never_saw_is_held_when_its_worker_anno
     s.on_finish("early", 200, "stop", 6.0)
     row = s.quotas.view(["alice"], 6.0)[0]
     assert (row["used_tokens"], row["held_tokens"]) == (300, 0)
+
+
+def test_a_demoted_request_still_keeps_to_a_refusing_quota_above_it():
+    """alice's own quota demotes, her team's refuses: served from spare capacity, she still cannot take
+    the team past its quota."""
+    s = FairScheduler(
+        SchedulerConfig(cost=LinearCost(1.0, 2.0)),
+        QuotaBook([QuotaRule("alice", "hour", 100, over="demote"), QuotaRule("team", "hour", 900)]),
+    )
+    s.set_node("team", None, 1.0)
+    s.add_tenant("alice", 1.0, "team")
+    s.add_tenant("bob", 1.0, "team")
+    s.worker_join("w", kv_tokens=10_000, max_running=1)
+    assert s.submit("a1", "alice", 100, 300, 0.0) is None  # over alice's own: demoted, fits the team's
+    assert s.submit("b1", "bob", 100, 500, 0.0) is None
+    (first,) = s.assign(0.0)
+    assert first.request.id == "b1"  # within quota: first; it holds 600 of the team's 900
+    s.on_report("w", {"b1": 500}, started={"b1": 100})
+    s.on_finish("b1", 500, "stop", 1.0)
+    assert s.assign(1.0) == []  # a1 (400) no longer fits the 300 the team has left: refused now
+    assert [(r.id, reason) for r, reason in s.take_dropped()] == [("a1", REJECT_QUOTA)]
