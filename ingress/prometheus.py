@@ -53,7 +53,7 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
         for node in shown:
             family.add_metric([node, nodes[node]["parent"]], float(nodes[node].get(key, 0.0)))
         families.append(family)
-    quotas = snapshot.get("quotas") or [] if top_n else []  # named tenants and nodes: the admin's scrape only
+    quotas = (snapshot.get("quotas") or []) if top_n else []  # named tenants and nodes: the admin's scrape only
     for name, doc, key in QUOTA_SERIES if quotas else ():
         rows = [row for row in quotas if row.get(key) is not None]
         if rows:

@@ -24,8 +24,7 @@ def in_flight_reach(pool_tokens: int, overcommit: float) -> int:
     """M: the KV the requests in flight on a pool of ``pool_tokens`` (all workers') may be expected to
     reach when each worker takes requests expected to reach ``overcommit`` pools. A tenant admitted
     while its counter was the smallest can be charged that much output afterwards, so the bound grows
-    with it (in the simulator, a flood of long outputs beside short requests reached gaps of 37,878,
-    51,816, 63,058 and 88,082 at overcommit 1, 1.5, 2 and 3 on one 10,000-token engine)."""
+    with it (docs/architecture.md has the run that shows it)."""
     return math.ceil(pool_tokens * overcommit)
 
 

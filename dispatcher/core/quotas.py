@@ -97,11 +97,18 @@ class QuotaRule:
             str(data.get("over") or "reject"),
         )
 
+    def tokens_left(self, usage: Usage) -> int | None:
+        """What the window has left in tokens (None: no token limit)."""
+        return None if self.max_tokens is None else max(0, self.max_tokens - usage.used - usage.held)
+
+    def cost_left(self, usage: Usage) -> float | None:
+        """What the window has left in money (None: no money limit)."""
+        return None if self.max_cost is None else max(0.0, self.max_cost - usage.used_cost - usage.held_cost)
+
     def exceeded(self, usage: Usage, more: Amount) -> bool:
         """Whether ``more`` on top of what its window used and holds would exceed this quota."""
-        if self.max_tokens is not None and usage.used + usage.held + more.tokens > self.max_tokens:
-            return True
-        return self.max_cost is not None and usage.used_cost + usage.held_cost + more.cost > self.max_cost + 1e-12
+        tokens, cost = self.tokens_left(usage), self.cost_left(usage)
+        return (tokens is not None and more.tokens > tokens) or (cost is not None and more.cost > cost + 1e-12)
 
 
 @dataclass
@@ -152,10 +159,13 @@ class QuotaBook:
         usage = self._usage.setdefault(rule.key, Usage())
         index = rule.window_of(now)
         if usage.window != index:  # the window turned: what ran in the last one is not counted again
-            usage.window, usage.used, usage.used_cost = index, 0, 0.0
-            held = [h.amount for h in self._holds.values() if h.windows.get(rule.key) == index]
-            usage.held, usage.held_cost = sum(a.tokens for a in held), sum(a.cost for a in held)
+            self._usage[rule.key] = usage = self._fresh(rule.key, index, Amount())
         return usage
+
+    def _fresh(self, key: str, window: int, used: Amount) -> Usage:
+        """A rule's usage of ``window``: ``used``, and what the holds taken in that window hold."""
+        held = [h.amount for h in self._holds.values() if h.windows.get(key) == window]
+        return Usage(window, used.tokens, sum(a.tokens for a in held), used.cost, sum(a.cost for a in held))
 
     def refusal(self, names: Iterable[str], most: Amount, now: float) -> Refusal | None:
         """A quota of ``names`` that ``most`` more would exceed now (one that rejects before one that
@@ -208,12 +218,13 @@ class QuotaBook:
         rows = []
         for rule in rules:
             usage = self._current(rule, now)
+            tokens, cost = rule.tokens_left(usage), rule.cost_left(usage)
             row = rule.to_dict() | {"used_tokens": usage.used, "held_tokens": usage.held}
-            if rule.max_tokens is not None:
-                row["remaining_tokens"] = max(0, rule.max_tokens - usage.used - usage.held)
+            if tokens is not None:
+                row["remaining_tokens"] = tokens
             row |= {"used_cost": round(usage.used_cost, 9), "held_cost": round(usage.held_cost, 9)}
-            if rule.max_cost is not None:
-                row["remaining_cost"] = round(max(0.0, rule.max_cost - usage.used_cost - usage.held_cost), 9)
+            if cost is not None:
+                row["remaining_cost"] = round(cost, 9)
             rows.append(row | {"resets_in_s": rule.window_end(usage.window) - now})
         return rows
 
@@ -233,18 +244,13 @@ class QuotaBook:
             rid: Hold(Amount(int(tokens), float(cost)), {k: int(w) for k, w in windows.items()})
             for rid, (tokens, cost, windows) in data.get("holds", {}).items()
         }
-        self._usage = {}
-        for key, (window, used, used_cost) in data.get("usage", {}).items():
-            held = [h.amount for h in self._holds.values() if h.windows.get(key) == int(window)]
-            self._usage[key] = Usage(
-                int(window), int(used), sum(a.tokens for a in held), float(used_cost), sum(a.cost for a in held)
-            )
+        self._usage = {
+            key: self._fresh(key, int(window), Amount(int(used), float(used_cost)))
+            for key, (window, used, used_cost) in data.get("usage", {}).items()
+        }
 
 
 def _left(rule: QuotaRule, usage: Usage) -> str:
-    parts = []
-    if rule.max_tokens is not None:
-        parts.append(f"{max(0, rule.max_tokens - usage.used - usage.held)} tokens")
-    if rule.max_cost is not None:
-        parts.append(f"{max(0.0, rule.max_cost - usage.used_cost - usage.held_cost):.6f} in money")
-    return " and ".join(parts)
+    tokens, cost = rule.tokens_left(usage), rule.cost_left(usage)
+    parts = [] if tokens is None else [f"{tokens} tokens"]
+    return " and ".join(parts if cost is None else [*parts, f"{cost:.6f} in money"])
