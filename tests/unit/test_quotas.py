@@ -16,6 +16,20 @@ from dispatcher.core.reasons import REJECT_QUOTA
 from gateway.config import parse_config
 
 HOUR = 3600.0
+# alice's hourly 1,000-token quota once 150 are used and nothing is held (its reset time left out)
+ALICE_USED_150 = {
+    "node": "alice",
+    "window": "hour",
+    "max_tokens": 1000,
+    "max_cost": None,
+    "over": "reject",
+    "used_tokens": 150,
+    "held_tokens": 0,
+    "remaining_tokens": 850,
+    "used_cost": 0.0,
+    "held_cost": 0.0,
+    "resets_in_s": 0,
+}
 
 
 def scheduler(*rules: QuotaRule, **config) -> FairScheduler:
@@ -38,19 +52,7 @@ def run(s: FairScheduler, rid: str, tenant: str, prompt: int, max_tokens: int, o
 def test_a_request_that_could_take_a_quota_over_is_refused_with_when_its_window_turns():
     s = scheduler(QuotaRule("alice", "hour", 1000))
     assert run(s, "a1", "alice", 100, 500, 50, 10.0) is None  # held 600, used 150 once it ended
-    assert s.quotas.view(["alice"], 10.0)[0] | {"resets_in_s": 0} == {
-        "node": "alice",
-        "window": "hour",
-        "max_tokens": 1000,
-        "max_cost": None,
-        "over": "reject",
-        "used_tokens": 150,
-        "held_tokens": 0,
-        "remaining_tokens": 850,
-        "used_cost": 0.0,
-        "held_cost": 0.0,
-        "resets_in_s": 0,
-    }
+    assert s.quotas.view(["alice"], 10.0)[0] | {"resets_in_s": 0} == ALICE_USED_150
     assert s.submit("a2", "alice", 100, 800, 20.0) == REJECT_QUOTA  # 900 > 850 left
     assert s.last_refusal.left == "850 tokens" and s.last_refusal.retry_after_s == pytest.approx(HOUR - 20.0)
     assert s.submit("b1", "bob", 100, 800, 20.0) is None  # bob has no quota
@@ -128,19 +130,7 @@ def test_the_book_survives_a_restart_with_the_holds_of_requests_that_started():
     book.restore(saved)
     assert book.view(["alice"], 1.0)[0]["held_tokens"] == 600  # a2 is submitted again and held then
     book.settle("a1", Amount(150, 0.0), ["alice"], 2.0)
-    assert book.view(["alice"], 2.0)[0] | {"resets_in_s": 0} == {
-        "node": "alice",
-        "window": "hour",
-        "max_tokens": 1000,
-        "max_cost": None,
-        "over": "reject",
-        "used_tokens": 150,
-        "held_tokens": 0,
-        "remaining_tokens": 850,
-        "used_cost": 0.0,
-        "held_cost": 0.0,
-        "resets_in_s": 0,
-    }
+    assert book.view(["alice"], 2.0)[0] | {"resets_in_s": 0} == ALICE_USED_150
 
 
 requests = st.lists(
