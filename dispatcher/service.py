@@ -25,7 +25,7 @@ from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
-from dispatcher.core.quotas import Prices, QuotaBook
+from dispatcher.core.quotas import Prices, QuotaBook, Refusal
 from dispatcher.core.reasons import REJECT_QUOTA
 from dispatcher.metrics import Histogram
 
@@ -55,9 +55,8 @@ class Rejected(Exception):
         self.retry_after_s = retry_after_s
 
 
-def rejected(reason: str, scheduler: FairScheduler) -> Rejected:
+def rejected(reason: str, refusal: Refusal | None) -> Rejected:
     """The refusal for ``reason``, with the quota's own words when a quota refused it."""
-    refusal = scheduler.last_refusal
     if reason != REJECT_QUOTA or refusal is None:
         return Rejected(reason)
     rule = refusal.rule
@@ -225,7 +224,7 @@ class DispatcherService:
                 klass=klass,
             )
             if reason is not None:
-                raise rejected(reason, s)
+                raise rejected(reason, s.last_refusal)
         stale = self._pending.get(request_id)
         if stale is not None and not stale.done():
             stale.cancel()
@@ -338,7 +337,7 @@ class DispatcherService:
         for req, reason in self.scheduler.take_dropped():
             future = self._pending.pop(req.id, None)
             if future is not None and not future.done():
-                future.set_exception(rejected(reason, self.scheduler))
+                future.set_exception(rejected(reason, self.scheduler.dropped_refusal(req.id)))
         self._release_drained()
         self._set_pace()
 

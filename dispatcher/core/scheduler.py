@@ -65,6 +65,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         self.quotas = quotas or QuotaBook()  # token and money quotas, shared by every pool of a dispatcher
         self.prices = prices or Prices()  # this pool's model's, for money quotas
         self.last_refusal: Refusal | None = None  # the latest quota refusal (its answer says when to retry)
+        self._drop_refusals: dict[str, Refusal] = {}  # requests a quota dropped at their turn, not yet taken
+        self._taken_refusals: dict[str, Refusal] = {}  # those of the last take_dropped
         self.policy: FairnessPolicy = make_policy(self.config.policy, self.config.seed)
         self.cost = self.config.cost
         self.ledger = Ledger(self.cost)  # its nodes: the tree's, below
@@ -181,6 +183,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 # others of its quotas took what was left meanwhile (demoted already: a refusing one)
                 if self.last_refusal.rule.over == "reject":
                     self._drop(tenant, req, REJECT_QUOTA)
+                    self._drop_refusals[req.id] = self.last_refusal
                     continue
                 if parent is not self.tree.spare:
                     self._demote(tenant, req)

@@ -11,6 +11,7 @@ from dispatcher.core import snapshots
 from dispatcher.core.capacity import Demand
 from dispatcher.core.fairness import engine_queue_slack, in_flight_reach, unit_u
 from dispatcher.core.model import Request, start_need
+from dispatcher.core.quotas import Refusal
 
 S = TypeVar("S")
 
@@ -47,9 +48,15 @@ class SchedulerViews:
         return self.state.in_flight
 
     def take_dropped(self) -> list[tuple[Request, str]]:
-        """Requests removed from the queues because they can never fit (e.g. the big workers left)."""
+        """Requests removed from the queues because they can never fit (e.g. the big workers left), or
+        no longer fit a quota when their turn came (``dropped_refusal`` says which, until the next take)."""
         dropped, self.dropped = self.dropped, []
+        self._taken_refusals, self._drop_refusals = self._drop_refusals, {}
         return dropped
+
+    def dropped_refusal(self, request_id: str) -> Refusal | None:
+        """The quota refusal of a request the last ``take_dropped`` returned, if a quota dropped it."""
+        return self._taken_refusals.get(request_id)
 
     def fits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a request of this size would start at once (no one waiting, a worker has room)."""

@@ -244,3 +244,17 @@ def test_a_demoted_request_still_keeps_to_a_refusing_quota_above_it():
     s.on_finish("b1", 500, "stop", 1.0)
     assert s.assign(1.0) == []  # a1 (400) no longer fits the 300 the team has left: refused now
     assert [(r.id, reason) for r, reason in s.take_dropped()] == [("a1", REJECT_QUOTA)]
+
+
+def test_each_request_dropped_at_its_turn_answers_with_its_own_quota():
+    """Two tenants' second requests no longer fit when their turn comes, in one assignment pass: each
+    refusal names its own quota and window (not the last one the pass met)."""
+    s = scheduler(QuotaRule("alice", "hour", 1000), QuotaRule("bob", "minute", 500))
+    for rid, tenant, size in (("a1", "alice", 500), ("a2", "alice", 500), ("b1", "bob", 250), ("b2", "bob", 250)):
+        assert s.submit(rid, tenant, 100, size, 30.0) is None
+    s.assign(30.0)
+    dropped = {r.id for r, _ in s.take_dropped()}
+    assert dropped == {"a2", "b2"}
+    assert s.dropped_refusal("a2").rule.node == "alice" and s.dropped_refusal("a2").retry_after_s == HOUR - 30.0
+    assert s.dropped_refusal("b2").rule.node == "bob" and s.dropped_refusal("b2").retry_after_s == 30.0
+    assert s.dropped_refusal("a1") is None
