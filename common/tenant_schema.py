@@ -4,6 +4,8 @@ configuration, the workload specs and the admin API's checks (with the core's we
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from common.sections import Section
@@ -56,3 +58,9 @@ class ClassConfig(Section):
     tier: str = Field("", description="the service_tier that asks for it (none: its name)")
     strict: bool = Field(False, description="served before every other class, charged to no node")
     ttft_s: float | None = Field(None, gt=0, description="its first-token objective, in seconds")
+    on_miss: Literal["queue", "shed", "downgrade"] = Field(
+        "queue",
+        description="a request predicted to miss ttft_s: queue (waits anyway), shed (refused at once, 503"
+        " with Retry-After) or downgrade (served in downgrade_to)",
+    )
+    downgrade_to: str = Field("", description="the class a downgraded request is served in (on_miss: downgrade)")

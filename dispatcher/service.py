@@ -423,6 +423,7 @@ class DispatcherService:
                 free_tokens=int(r.free_tokens),
                 running=r.running,
                 waiting=r.waiting,
+                now=now,
             )
             for f in r.finished:
                 done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)

@@ -476,7 +476,7 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
         max_queued_per_tenant=limits.max_queued_per_tenant,
         max_queued=limits.max_queued,
         max_queue_s=limits.max_queue_s,
-        classes=tuple(RequestClass(c.name, c.weight, c.strict, c.ttft_s) for c in classes),
+        classes=tuple(RequestClass(c.name, c.weight, c.strict, c.ttft_s, c.on_miss, c.downgrade_to) for c in classes),
     ).to_dict()
 
 

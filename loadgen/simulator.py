@@ -200,6 +200,7 @@ class Simulation:
                 running=report.running,
                 waiting=report.waiting,
                 cached=report.cached if self._prefix_block else None,
+                now=self.now,
             )
             for done in report.finished:
                 sched.on_finish(done.id, done.output_tokens, done.reason, self.now)

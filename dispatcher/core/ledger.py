@@ -30,13 +30,14 @@ Path = Sequence[Sequence[Any]]  # ((node name, its weight when charged), ...): w
 
 
 class Ledger:
-    __slots__ = ("_discount", "_h", "cost", "nodes")
+    __slots__ = ("_discount", "_h", "cost", "nodes", "total")
 
     def __init__(self, cost: CostFunction, nodes: Mapping[str, Any] | None = None) -> None:
         self.cost = cost
         self.nodes: Mapping[str, Any] = {} if nodes is None else nodes  # the tree's nodes by name
         self._h = cost.total
         self._discount = cost.cached_discount
+        self.total = 0.0  # every tenant's service together (the pool's service rate is measured on it)
 
     def cost_between(self, before: Point, after: Point) -> float:
         """h(after) - h(before), in cost units (unweighted)."""
@@ -60,6 +61,7 @@ class Ledger:
         tenant's ancestors now, at their weights now)."""
         amount = self.cost_between(*served)
         tenant.service += amount
+        self.total += amount
         charge = amount if charged is None else self.cost_between(*charged)
         tenant.counter += charge / (tenant.weight if weight is None else weight)
         if path or tenant.ancestors:
@@ -73,6 +75,7 @@ class Ledger:
             return
         amount = self._discount(before) - self._discount(after)
         tenant.service += amount
+        self.total += amount
         tenant.counter += amount / weight
         if path or tenant.ancestors:
             self._nodes_above(tenant, path, amount, amount)

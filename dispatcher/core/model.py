@@ -47,6 +47,8 @@ class Request:
     beyond_room: bool = False  # assigned to wait in its engine's queue (no room for it then)
     passed: int = 0  # times a later request of its tenant went first for its cached prefix
     path: tuple[tuple[str, float], ...] = ()  # its tenant's tree nodes and their weights at dispatch
+    predicted_wait: float | None = None  # its first-token wait as predicted at submission (objective classes)
+    urgent: bool = False  # its class enforces a first-token objective (placed past queues and the KV reserve)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -68,6 +68,8 @@ class WorkerRecovery:
         self.quotas.release(request_id)
         req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
         t.queue.appendleft(req)
+        if req.urgent:
+            self.urgent_waiting[t.name] = t
         if before is None:  # it waits again, ahead of everything it sent later, as it did before
             self.tree.join(t, lift=False)
             self.tree.rekey_ancestors(t)  # the refund lowered the counters above it

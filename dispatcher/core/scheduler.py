@@ -21,6 +21,7 @@ from typing import NamedTuple
 from dispatcher.core.classes import default_class
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant, start_need
+from dispatcher.core.objectives import ObjectiveEnforcement
 from dispatcher.core.out_of_order import OutOfOrderPicks
 from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
@@ -28,6 +29,7 @@ from dispatcher.core.predictors import MovingAveragePredictor
 from dispatcher.core.prefix_index import PrefixIndex
 from dispatcher.core.quotas import Amount, Prices, QuotaBook, Refusal
 from dispatcher.core.reasons import (
+    REJECT_OBJECTIVE,
     REJECT_QUEUE_FULL,
     REJECT_QUOTA,
     REJECT_RATE_LIMITED,
@@ -41,10 +43,12 @@ from dispatcher.core.scheduler_views import SchedulerViews
 from dispatcher.core.settlement import Settlement, cacheable
 from dispatcher.core.tenant_book import TenantBook
 from dispatcher.core.tree import CLASS_SEP, SPARE, TenantTree
+from dispatcher.core.wait_prediction import WaitPredictor
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
 PRIORITY_SCALE = 100  # preemption ranks in hundredths of a request in flight per unit of weight
+URGENT_PRIORITY = -1  # the rank of a request whose class enforces its first-token objective
 SPARE_PRIORITY = 10**9  # the rank of a request served over its quota: preempted first
 
 
@@ -55,7 +59,7 @@ class Assignment(NamedTuple):
     worker_id: str
 
 
-class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutOfOrderPicks):
+class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutOfOrderPicks, ObjectiveEnforcement):
     """Per-tenant queues and counters, the waiting set and the worker table, under one policy."""
 
     def __init__(
@@ -84,6 +88,14 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         self.classes = {c.name: c for c in self.config.classes}
         self.default_class = default_class(self.config.classes)
         self.dropped: list[tuple[Request, str]] = []
+        self.waits = WaitPredictor()  # first-token waits predicted and checked (objective classes)
+        for c in self.config.classes:
+            if c.ttft_s is not None:
+                self.waits.add_class(c.name, c.ttft_s, c.on_miss)
+        if any(c.enforced for c in self.config.classes):
+            self.workers.reserve = self.config.objective_reserve
+        self.urgent_waiting: dict[str, Tenant] = {}  # leaves that may hold urgent requests (pruned lazily)
+        self.last_predicted_wait: float | None = None  # the latest judged submission's (a refusal says it)
 
     @property
     def tenants(self) -> dict[str, Tenant]:
@@ -123,7 +135,12 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
             raise ValueError("prompt_tokens must be >= 0 and max_tokens >= 1")
-        t = self.class_leaf(tenant, klass)
+        leaf = self.class_leaf(tenant, klass)
+        t, predicted_wait, shed = self._objective(tenant, klass, leaf, prompt_tokens, max_tokens, resumed, now)
+        leaf.submitted += shed
+        leaf.rejected += shed
+        if shed:
+            return REJECT_OBJECTIVE
         tenant = t.name
         t.submitted += 1
         largest = self.workers.largest_pool
@@ -148,6 +165,10 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             return REJECT_RATE_LIMITED
         need = start_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self.state.next_seq, need, true_output)
+        req.predicted_wait = predicted_wait
+        req.urgent = self._enforced(t)
+        if req.urgent:
+            self.urgent_waiting[t.name] = t
         if prefix and block_tokens > 0:
             req.prefix, req.block_tokens = tuple(prefix), block_tokens
         self.state.next_seq += 1
@@ -169,16 +190,23 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
     def assign(self, now: float) -> list[Assignment]:
         """Dispatch, in the policy's order, every request that can start now."""
         out: list[Assignment] = []
+        self.waits.observe(now, self.ledger.total)
         if not self.workers.slots:
             return out
         pick, place, has_slack = self.tree.pick, self.workers.place, self.workers.has_slack
         next_request = self.policy.next_request
-        while has_slack():
+        while True:
             top = pick()
             if top is None:
                 break
             key, tenant, parent = top
             req = next_request(tenant)
+            if not req.urgent and not has_slack():
+                urgent = self._urgent_dispatch(now)  # the next request waits for the engines: an urgent one goes
+                if urgent is None:
+                    break
+                out.append(Assignment(*urgent))
+                continue
             if self.quotas and self._over_quota(tenant, self._most(req.prompt_tokens, req.max_tokens), now):
                 # others of its quotas took what was left meanwhile (demoted already: a refusing one)
                 if self.last_refusal.rule.over == "reject":
@@ -202,6 +230,10 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
                 largest = self.workers.largest_pool
                 if largest and req.prompt_tokens + req.max_tokens > largest:
                     self._drop(tenant, req, REJECT_TOO_LARGE)
+                    continue
+                urgent = self._urgent_dispatch(now)
+                if urgent is not None:
+                    out.append(Assignment(*urgent))
                     continue
                 if self.config.strict_head_of_line:
                     break
@@ -346,6 +378,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs
         if t.parent == SPARE:
             req.priority = SPARE_PRIORITY  # preempted before anyone within their quotas
+        elif req.urgent:
+            req.priority = URGENT_PRIORITY  # first among what waits in its engine, preempted last
         req.beyond_room = not slot.starts_now(req.need)
         slot.beyond += req.beyond_room
         req.footprint = self._footprint(req)
@@ -355,6 +389,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         slot.pending_tokens += req.need
         slot.in_flight += 1
         t.in_flight += 1
+        self.waits.dispatched += 1
         self.state.in_flight[req.id] = req
         if at_top:
             if t.queue:

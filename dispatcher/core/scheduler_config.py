@@ -34,6 +34,8 @@ class SchedulerConfig:
     ``max_queue_s``: a request still waiting after this long is withdrawn (``expire``). None: no limit.
     ``classes``: the request classes (``dispatcher.core.classes``; the first one not strict is the
     default); they, like a tenant tree, need a policy that orders by counters (``FairnessPolicy.tree``).
+    ``objective_reserve``: while a class enforces its first-token objective, the share of each engine's
+    KV pool that only its requests may start into (``WorkerTable.place``).
     """
 
     policy: str = "vtc"
@@ -48,6 +50,7 @@ class SchedulerConfig:
     max_queued: int | None = None
     max_queue_s: float | None = None
     classes: tuple[RequestClass, ...] = ()
+    objective_reserve: float = 0.1
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy, self.seed)  # refuses unknown ones
@@ -58,6 +61,8 @@ class SchedulerConfig:
         make_placement(self.placement)
         if not self.overcommit >= 1.0:
             raise ValueError(f"overcommit must be at least 1, got {self.overcommit}")
+        if not 0.0 <= self.objective_reserve < 1.0:
+            raise ValueError(f"objective_reserve must be in [0, 1), got {self.objective_reserve}")
         if self.max_engine_waiting < 0:
             raise ValueError(f"max_engine_waiting must be >= 0, got {self.max_engine_waiting}")
 
@@ -83,6 +88,7 @@ class SchedulerConfig:
             max_queued=_optional(data.get("max_queued"), int),
             max_queue_s=_optional(data.get("max_queue_s"), float),
             classes=tuple(RequestClass.from_dict(c) for c in data.get("classes") or ()),
+            objective_reserve=float(data.get("objective_reserve", 0.1)),
         )
 
 

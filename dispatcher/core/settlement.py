@@ -24,9 +24,11 @@ class Settlement:
         running: int | None = None,
         waiting: int | None = None,
         cached: Mapping[str, int] | None = None,
+        now: float | None = None,
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
-        many of them the engine found in its prefix cache) and tokens generated."""
+        many of them the engine found in its prefix cache) and tokens generated; ``now``: when it was
+        received (first tokens are timed: objectives and their predictions)."""
         in_flight = self.state.in_flight
         if started:
             for rid, prompt_tokens in started.items():
@@ -44,6 +46,8 @@ class Settlement:
             t.output_tokens += k
             n_p, old, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             new = old + k
+            if old == 0 and now is not None:
+                self._first_output(req, now)
             if n_p + new > req.footprint:  # it outgrew what was expected of it
                 self._outgrow(req, t, n_p + new)
             if charged == old:  # nothing charged ahead: the counter moves with the service

@@ -105,6 +105,7 @@ class WorkerTable:
         self.slots: dict[str, WorkerSlot] = {}
         self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
         self.largest_pool = 0  # the largest KV pool among workers taking work (0 when there are none)
+        self.reserve = 0.0  # share of each pool only urgent requests may start into (objectives enforced)
 
     def refresh(self) -> None:
         """Recompute the cached list of workers taking work (after join, drain or leave)."""
@@ -156,18 +157,36 @@ class WorkerTable:
 
     def place(self, need: int, request: Request | None = None) -> WorkerSlot | None:
         """The worker that should get a request needing ``need`` KV tokens to start, or None: one whose
-        engine would start it now, or whose queue is short of its depth."""
+        engine would start it now, or whose queue is short of its depth. While objectives are enforced
+        (``reserve``), other requests leave that share of each pool free, and wait inside an engine only
+        where it has that room (what an engine queues it starts as room frees, reserve or not)."""
         cap, over = self.max_engine_waiting, self.overcommit
         footprint = request.footprint if request is not None and request.footprint else need
-        fits = [
-            w
-            for w in self._active
-            if (w.starts_now(need) or (w.queued() < w.depth(cap) and need <= w.kv_tokens))
-            and w.within_overcommit(footprint, over)
-        ]
+        if request is not None and request.urgent:
+            return self._urgent_place(need, footprint)
+        fits = [w for w in self._active if self._takes(w, need, cap) and w.within_overcommit(footprint, over)]
         if not fits:
             return None
         return fits[0] if len(fits) == 1 else self.placement.choose(fits, request)
+
+    def _takes(self, w: WorkerSlot, need: int, cap: int) -> bool:
+        if not self.reserve:
+            return w.starts_now(need) or (w.queued() < w.depth(cap) and need <= w.kv_tokens)
+        kept = need + int(self.reserve * w.kv_tokens)
+        return w.starts_now(kept) or (w.queued() < w.depth(cap) and w.room() >= kept)
+
+    def _urgent_place(self, need: int, footprint: int) -> WorkerSlot | None:
+        """An urgent request (its class enforces a first-token objective) goes where it starts now,
+        the reserve included, else to the worker with the most room, past its queue's depth: the engine
+        starts it first among what waits there (its priority)."""
+        over = self.overcommit
+        fits = [w for w in self._active if need <= w.kv_tokens and w.within_overcommit(footprint, over)]
+        if not fits:
+            return None
+        now = [w for w in fits if w.starts_now(need)]
+        if now:
+            return now[0] if len(now) == 1 else self.placement.choose(now, None)
+        return max(fits, key=WorkerSlot.room)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [w.to_dict() for w in self.slots.values()]
