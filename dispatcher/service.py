@@ -26,7 +26,8 @@ from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_wo
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
 from dispatcher.core.quotas import Prices, QuotaBook, Refusal
-from dispatcher.core.reasons import REJECT_QUOTA
+from dispatcher.core.reasons import REJECT_OBJECTIVE, REJECT_QUOTA
+from dispatcher.core.wait_prediction import ObjectiveMiss
 from dispatcher.metrics import Histogram
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,15 @@ class Rejected(Exception):
         self.retry_after_s = retry_after_s
 
 
-def rejected(reason: str, refusal: Refusal | None) -> Rejected:
-    """The refusal for ``reason``, with the quota's own words when a quota refused it."""
+def rejected(reason: str, refusal: Refusal | None, shed: ObjectiveMiss | None = None) -> Rejected:
+    """The refusal for ``reason``, with the quota's own words when a quota refused it, and the
+    objective's when its class shed it (retry once the predicted wait has passed)."""
+    if reason == REJECT_OBJECTIVE and shed is not None:
+        message = (
+            f"request class {shed.klass!r} cannot meet its {shed.objective_s:g} s first-token objective now "
+            f"(predicted wait {shed.predicted_s:.2g} s); retry later"
+        )
+        return Rejected(reason, message, max(1.0, shed.predicted_s))
     if reason != REJECT_QUOTA or refusal is None:
         return Rejected(reason)
     rule = refusal.rule
@@ -224,7 +232,7 @@ class DispatcherService:
                 klass=klass,
             )
             if reason is not None:
-                raise rejected(reason, s.last_refusal)
+                raise rejected(reason, s.last_refusal, s.last_shed)
         stale = self._pending.get(request_id)
         if stale is not None and not stale.done():
             stale.cancel()
@@ -273,6 +281,7 @@ class DispatcherService:
             backlog_tokens=sum(t["queued_tokens"] for t in tenants.values()),
             gap=self._gap(tenants, backlogged, data["nodes"]),
             two_u=self.scheduler.fairness_bound(),
+            objectives=dict(self.scheduler.waits.views()),
         )
         return data
 

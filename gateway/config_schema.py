@@ -72,7 +72,8 @@ class SchedulerSettings(Section):
     ``placement``: ``most-room`` or ``prefix-affinity``; ``strict_head_of_line``: when the next request
     fits no worker, wait for it (true) or let up to 16 others' requests go first; ``max_engine_waiting``:
     requests that may wait inside one engine beyond its room (0: none); ``overcommit``: the pools'
-    worth of expected use the requests in flight on one worker may reach."""
+    worth of expected use the requests in flight on one worker may reach; ``objective_reserve``: the
+    share of each engine's KV only urgent requests (of classes that enforce their objective) start into."""
 
     policy: str = Field(
         _SCHEDULER_DEFAULTS.policy, description="fairness policy: vtc, vtc-locality[:Δ], vtc-predict, fcfs, lcf, rpm:N"
@@ -87,6 +88,12 @@ class SchedulerSettings(Section):
     )
     overcommit: float = Field(
         _SCHEDULER_DEFAULTS.overcommit, ge=1, description="KV pools' worth of expected use in flight on one worker"
+    )
+    objective_reserve: float = Field(
+        _SCHEDULER_DEFAULTS.objective_reserve,
+        ge=0,
+        lt=1,
+        description="share of each engine's KV kept for requests of classes that enforce ttft_s (while any does)",
     )
     limits: LimitsSettings = Field(
         default_factory=lambda: LimitsSettings(), description="caps on waiting requests (section below)"
@@ -469,6 +476,7 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
     return SchedulerConfig(
         max_engine_waiting=settings.max_engine_waiting,
         overcommit=settings.overcommit,
+        objective_reserve=settings.objective_reserve,
         policy=make_policy(settings.policy).spec,
         cost=cost_from_spec(settings.cost.model_dump(exclude_none=True)),
         placement=make_placement(settings.placement).name,

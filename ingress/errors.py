@@ -61,14 +61,13 @@ _REJECTIONS: dict[str, tuple[int, str, str, str, int | None]] = {
 def rejection_error(reason: str, message: str = "", retry_after_s: float = 0.0) -> ApiError:
     """The client's error for a refusal; ``message`` and ``retry_after_s``: the refusal's own, when it
     has them (a quota's)."""
+    retry_after = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
     if reason == reasons.REJECT_QUOTA:
-        return ApiError(
-            429,
-            message or "this tenant's token quota has too little left for this request",
-            type_="insufficient_quota",
-            code="insufficient_quota",
-            headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
-        )
+        message = message or "this tenant's token quota has too little left for this request"
+        return ApiError(429, message, type_="insufficient_quota", code="insufficient_quota", headers=retry_after)
+    if reason == reasons.REJECT_OBJECTIVE:
+        message = message or "this request's class cannot meet its first-token objective now; retry later"
+        return ApiError(503, message, type_="server_error", code="objective_unreachable", headers=retry_after)
     if reason == reasons.REJECT_UNKNOWN_KEY:
         return ApiError(401, "incorrect API key provided", code="invalid_api_key")
     if reason == reasons.REJECT_TOO_LARGE:

@@ -22,6 +22,23 @@ QUOTA_SERIES = (
     ("fairgate_quota_held_cost", "Money held in the quota's current window by requests running", "held_cost"),
     ("fairgate_quota_remaining_cost", "Money the quota's current window has left", "remaining_cost"),
 )
+OBJECTIVE_COUNTERS = (
+    ("fairgate_objective_admitted", "Requests of an objective class admitted in it", "admitted"),
+    ("fairgate_objective_met", "Requests whose first token came within their class's objective", "met"),
+    ("fairgate_objective_missed", "Requests whose first token came after their class's objective", "missed"),
+    ("fairgate_objective_shed", "Requests refused at once: predicted to miss their class's objective", "shed"),
+    ("fairgate_objective_downgraded", "Requests moved to a lower class: predicted to miss the objective", "downgraded"),
+)
+OBJECTIVE_GAUGES = (
+    ("fairgate_objective_seconds", "A class's first-token objective", "objective_s"),
+    (
+        "fairgate_objective_prediction_error_seconds",
+        "Mean |actual - predicted| first-token wait",
+        "prediction_mean_abs_error_s",
+    ),
+    ("fairgate_objective_prediction_bias_seconds", "Mean actual - predicted first-token wait", "prediction_bias_s"),
+    ("fairgate_objective_margin_seconds", "Margin added to the predicted wait before admitting", "margin_s"),
+)
 
 
 def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True) -> bytes:
@@ -61,6 +78,8 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
             for row in rows:
                 family.add_metric([row["node"], row["window"]], float(row[key]))
             families.append(family)
+    objectives: dict[str, dict[str, Any]] = (snapshot.get("objectives") or {}) if inside else {}
+    families += _objective_families(objectives)
     scalars = [
         ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),
         ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
@@ -119,6 +138,21 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
     registry = CollectorRegistry()
     registry.register(_Families(families))
     return generate_latest(registry)
+
+
+def _objective_families(objectives: dict[str, dict[str, Any]]) -> list[Any]:
+    """Per objective class: what became of its requests, and how honest its wait prediction is."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    families: list[Any] = []
+    for kinds, table in ((CounterMetricFamily, OBJECTIVE_COUNTERS), (GaugeMetricFamily, OBJECTIVE_GAUGES)):
+        for name, doc, key in table if objectives else ():
+            family = kinds(name, doc, labels=["class"])
+            for klass, row in objectives.items():
+                if row.get(key) is not None:
+                    family.add_metric([klass], float(row[key]))
+            families.append(family)
+    return families
 
 
 class _Families:

@@ -122,9 +122,14 @@ def _sibling_gap(node: TreeNode, bound: float) -> tuple[float, str]:
 
 
 def node_shares(run: TreeRun) -> list[dict[str, Any]]:
-    """Every node and leaf of the scheduler's tree: its service, its weighted max-min fair share given
-    its subtree's demand (water-filled level by level from the root, each node sharing what it got),
-    and their ratio. A key's default-class leaf is shown as ``key~class``."""
+    """Every node and leaf of the run's tree against its weighted max-min fair share (``tree_shares``)."""
+    return tree_shares(run.tree, run.service, run.demand)
+
+
+def tree_shares(tree: TenantTree, service: Mapping[str, float], demand: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Every node and leaf of ``tree``: its service, its weighted max-min fair share given its
+    subtree's demand (water-filled level by level from the root, each node sharing what it got), and
+    their ratio. A key's default-class leaf is shown as ``key~class``."""
     rows: list[dict[str, Any]] = []
 
     def total(member: Any, table: Mapping[str, float]) -> float:
@@ -139,13 +144,15 @@ def node_shares(run: TreeRun) -> list[dict[str, Any]]:
 
     def fill(node: TreeNode, allocation: float, depth: int) -> None:
         kids = list(node.kids.values())
-        demands = [total(k, run.demand) for k in kids]
+        demands = [total(k, demand) for k in kids]
         shares, _ = max_min_shares(demands, [k.weight for k in kids], allocation)
         for kid, owed in zip(kids, shares, strict=True):
-            got = total(kid, run.service)
+            got = total(kid, service)
             rows.append(
                 {
                     "node": label(kid, node),
+                    "name": kid.name,
+                    "leaf": type(kid) is not TreeNode,
                     "parent": node.name or "root",
                     "depth": depth,
                     "weight": kid.weight,
@@ -157,7 +164,7 @@ def node_shares(run: TreeRun) -> list[dict[str, Any]]:
             if type(kid) is TreeNode:
                 fill(kid, got, depth + 1)
 
-    fill(run.tree.root, sum(run.service.values()), 1)
+    fill(tree.root, sum(service.values()), 1)
     return rows
 
 

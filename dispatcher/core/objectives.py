@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.tree import SPARE, TreeNode
+from dispatcher.core.wait_prediction import ObjectiveMiss
 from dispatcher.core.workers import WorkerSlot
 
 
@@ -27,19 +28,20 @@ class ObjectiveEnforcement:
             return t, None, False
         record = self.waits.records[spec.name]
         predicted = self._predicted_wait(t, prompt_tokens, max_tokens, now)
-        self.last_predicted_wait = predicted
+        self.last_shed = None
         if predicted is None or spec.on_miss == "queue" or self.waits.admits(spec.name, predicted, now):
-            record.admitted += 1
+            record.admit(now)
             return t, predicted, False
         if spec.on_miss == "shed":
             record.shed += 1
+            self.last_shed = ObjectiveMiss(spec.name, spec.ttft_s, predicted + record.margin(now))
             return t, predicted, True
         record.downgraded += 1
         lower = self.class_leaf(tenant, spec.downgrade_to)
         target = self.classes[spec.downgrade_to]
         if target.ttft_s is None:
             return lower, None, False
-        self.waits.records[target.name].admitted += 1
+        self.waits.records[target.name].admit(now)
         return lower, self._predicted_wait(lower, prompt_tokens, max_tokens, now), False
 
     def _enforced(self, t: Tenant) -> bool:

@@ -43,7 +43,7 @@ from dispatcher.core.scheduler_views import SchedulerViews
 from dispatcher.core.settlement import Settlement, cacheable
 from dispatcher.core.tenant_book import TenantBook
 from dispatcher.core.tree import CLASS_SEP, SPARE, TenantTree
-from dispatcher.core.wait_prediction import WaitPredictor
+from dispatcher.core.wait_prediction import ObjectiveMiss, WaitPredictor
 from dispatcher.core.workers import WorkerSlot, WorkerTable
 
 FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
@@ -95,7 +95,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         if any(c.enforced for c in self.config.classes):
             self.workers.reserve = self.config.objective_reserve
         self.urgent_waiting: dict[str, Tenant] = {}  # leaves that may hold urgent requests (pruned lazily)
-        self.last_predicted_wait: float | None = None  # the latest judged submission's (a refusal says it)
+        self.last_shed: ObjectiveMiss | None = None  # the latest request shed by its class (its answer says why)
 
     @property
     def tenants(self) -> dict[str, Tenant]:

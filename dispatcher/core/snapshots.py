@@ -37,6 +37,7 @@ class Snapshottable(Protocol):
     policy: FairnessPolicy
     prefixes: PrefixIndex
     lengths: MovingAveragePredictor
+    urgent_waiting: dict[str, Tenant]
 
     def waiting_tenants(self) -> list[str]: ...
 
@@ -94,6 +95,7 @@ def restore_snapshot(s: Snapshottable, data: Mapping[str, Any]) -> None:
         s.tree.attach(t, t.parent)
         state.tenants[t.name] = t
     state.index_queues()
+    s.urgent_waiting = {t.name: t for t in state.tenants.values() if any(r.urgent for r in t.queue)}
     state.in_flight = {r["id"]: request_from_dict(r) for r in data["in_flight"]}
     s.tree.restore_waiting(data["tree"])
     state.next_seq = int(data["next_seq"])

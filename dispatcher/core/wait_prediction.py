@@ -10,7 +10,8 @@ when the model plus the class's margin is within its objective, and the margin i
 happened to the requests it admitted: a miss raises it by ``q`` steps, a met objective lowers it by
 ``1 - q`` (a stochastic-approximation quantile: it settles where a fraction ``q`` of admitted requests
 meet the objective, whatever the model's error). While nothing is admitted the margin relaxes toward
-none, so that shedding cannot feed on itself.
+none, and a class that admitted nothing for ``PROBE_AFTER_S`` admits its next request as a probe, so
+that shedding cannot feed on itself.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ EWMA_ALPHA = 0.1  # the first-token delay: how much each new observation moves i
 TARGET = 0.97  # the share of admitted requests that should meet the objective
 MARGIN_STEP = 0.1  # of the objective: how far one admitted request's outcome moves the margin
 MARGIN_RELAX_S = 30.0  # while no admitted request's first token comes, the margin halves this often
+PROBE_AFTER_S = 30.0  # a class that admitted nothing for this long admits its next request whatever the model
 
 
 class RateMeter:
@@ -53,6 +55,16 @@ class RateMeter:
         return (s1 - s0) / (t1 - t0)
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectiveMiss:
+    """A request shed by its class: the class, its objective, and the wait it was predicted (margin
+    included), which its answer names and turns into Retry-After."""
+
+    klass: str
+    objective_s: float
+    predicted_s: float
+
+
 @dataclass
 class ObjectiveRecord:
     """One class's objective and what became of its requests: met and missed, shed and downgraded, the
@@ -67,6 +79,7 @@ class ObjectiveRecord:
     downgraded: int = 0
     margin_s: float = 0.0  # seconds added to the model before comparing with the objective
     margin_at: float = 0.0  # when the margin last moved
+    admitted_at: float = 0.0  # when the class last admitted a request
     checked: int = 0  # requests whose first token came, their prediction compared
     abs_error_s: float = 0.0
     signed_error_s: float = 0.0
@@ -78,6 +91,10 @@ class ObjectiveRecord:
             self.margin_s *= 0.5 ** (idle / MARGIN_RELAX_S - 1.0)
             self.margin_at = now - MARGIN_RELAX_S
         return self.margin_s
+
+    def admit(self, now: float) -> None:
+        self.admitted += 1
+        self.admitted_at = now
 
     def outcome(self, met: bool, now: float) -> None:
         step = MARGIN_STEP * self.objective_s
@@ -132,9 +149,11 @@ class WaitPredictor:
         return 1.0 / dispatches + ahead_cost / per_second + delay
 
     def admits(self, klass: str, modelled: float, now: float) -> bool:
-        """Whether a request of ``klass`` modelled to wait ``modelled`` seconds is admitted."""
+        """Whether a request of ``klass`` modelled to wait ``modelled`` seconds is admitted: within the
+        objective with the margin, or as a probe when the class admitted nothing for a while (its
+        estimates come from what it admits: without probes a stale one could shed it for good)."""
         record = self.records[klass]
-        return modelled + record.margin(now) <= record.objective_s
+        return modelled + record.margin(now) <= record.objective_s or now - record.admitted_at >= PROBE_AFTER_S
 
     def first_token(
         self, klass: str, modelled: float | None, waited_s: float, delay_s: float | None, now: float

@@ -44,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     tb.add_argument("--replicas", type=int, default=4, help="simulated engines")
     tb.add_argument("--json", default=None, help="also write the figures to this file")
     tb.set_defaults(bench=_tree)
+    sb = targets.add_parser("slo", help="first-token objectives enforced at 2x overload, side by side with queueing")
+    sb.add_argument("--seconds", type=float, default=1800.0, help="simulated seconds of each arm")
+    sb.add_argument("--seed", type=int, default=3, help="the workload's seed (every arm the same)")
+    sb.add_argument("--arms", default="queue,shed,downgrade", help="comma-separated: queue, shed, downgrade")
+    sb.add_argument("--json", default=None, help="also write the figures to this file")
+    sb.set_defaults(bench=_slo)
     vb = targets.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
     vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
     vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
@@ -217,6 +223,24 @@ def _tree(args: argparse.Namespace) -> int:
         f"3 : batch 1), {args.replicas} simulated A10G engines, {args.seconds:g} simulated s per run"
     )
     print(format_tree(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+def _slo(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_slo import ARMS, WARMUP_S, bench_slo, format_slo
+
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if not arms or any(a not in ARMS for a in arms):
+        raise UsageError(f"--arms must name some of: {', '.join(ARMS)}")
+    if args.seconds < 2 * WARMUP_S:
+        raise UsageError(f"--seconds must be at least {2 * WARMUP_S:g}")
+    r = bench_slo(args.seconds, args.seed, arms)
+    print(format_slo(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0

@@ -1,19 +1,23 @@
-"""Token quotas end to end: counted once in the dispatcher for every ingress replica, so concurrent
-requests through two replicas never take a tenant past its quota; over it, OpenAI's 429
-``insufficient_quota`` with Retry-After at the window's turn; each key reads its own usage, the admin
-every quota's."""
+"""Promises a tenant can hold, end to end. Token quotas: counted once in the dispatcher for every
+ingress replica, so concurrent requests through two replicas never take a tenant past its quota; over
+it, OpenAI's 429 ``insufficient_quota`` with Retry-After at the window's turn; each key reads its own
+usage, the admin every quota's. First-token objectives: a class that sheds what it cannot serve in
+time answers at once with 503 ``objective_unreachable``, the objective named, and Retry-After."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import openai
 import pytest
 
-from .gateway_helpers import Gateway, deploy
+from .gateway_helpers import Gateway, deploy, scrape
 
 QUOTA = 400  # carol's tokens per hour (prompt and output)
+# an objective no engine meets once its first-token delay is measured: the class sheds from then on
+CLASSES = [{"name": "standard"}, {"name": "realtime", "tier": "priority", "ttft_s": 0.001, "on_miss": "shed"}]
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,7 @@ def gw(serve_port) -> Gateway:
         workers=2,
         ingress_replicas=2,
         quotas=[{"node": "carol", "window": "hour", "max_tokens": QUOTA}],
+        classes=CLASSES,
     )
     yield gateway
     gateway.delete()
@@ -77,3 +82,32 @@ def test_only_the_admin_reads_every_quota(gw):
         gw.base_url.removesuffix("/v1") + "/admin/usage", headers={"Authorization": f"Bearer {gw.keys['bob']}"}
     )
     assert tenant.status_code == 403
+
+
+def test_a_class_that_cannot_meet_its_objective_answers_at_once_naming_it(gw):
+    client = openai.OpenAI(base_url=gw.base_url, api_key=gw.keys["bob"], max_retries=0, timeout=60)
+    served, deadline = 0, time.monotonic() + 60
+    while True:  # the first requests go while nothing is measured (nothing is enforced then)
+        try:
+            r = client.completions.create(
+                model="fairgate-sim", prompt="word " * 10, max_tokens=8, extra_body={"service_tier": "priority"}
+            )
+        except openai.InternalServerError as exc:
+            refused = exc
+            break
+        assert r.usage.completion_tokens > 0 and r.model_extra["service_tier"] == "priority"
+        served += 1
+        assert time.monotonic() < deadline, f"{served} requests served, none shed"
+        time.sleep(0.3)
+    assert served >= 1
+    body = refused.body
+    assert refused.status_code == 503 and body["code"] == "objective_unreachable"
+    assert "'realtime'" in body["message"] and "0.001 s first-token objective" in body["message"]
+    assert int(refused.response.headers["Retry-After"]) >= 1
+    plain = client.completions.create(model="fairgate-sim", prompt="word " * 10, max_tokens=8)
+    assert plain.usage.completion_tokens > 0  # the default class has no objective: served
+    samples = scrape(gw)
+    assert samples[("fairgate_objective_shed_total", "")] >= 1
+    assert samples[("fairgate_objective_admitted_total", "")] >= served
+    stats = gw.stats()
+    assert stats["tenants"]["bob~realtime"]["queued"] == stats["tenants"]["bob~realtime"]["in_flight"] == 0
