@@ -211,11 +211,18 @@ class QuotaConfig(Section):
         description="a request that could take it over: refused (429 insufficient_quota) or demote (served"
         " only from capacity no request within its quotas is waiting for)",
     )
+    min_tokens: int | None = Field(
+        None, ge=0, description="tokens per window guaranteed inside the quota above it (kept from everyone else)"
+    )
+    min_cost: float | None = Field(None, ge=0, description="money per window guaranteed likewise")
 
     @model_validator(mode="after")
     def _some_limit(self) -> QuotaConfig:
-        if self.max_tokens is None and self.max_cost is None:
-            raise ValueError("give max_tokens, max_cost or both")
+        if self.max_tokens is None and self.max_cost is None and self.min_tokens is None and self.min_cost is None:
+            raise ValueError("give max_tokens, max_cost, a minimum or several")
+        for low, high, what in ((self.min_tokens, self.max_tokens, "tokens"), (self.min_cost, self.max_cost, "cost")):
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"min_{what} must not be above max_{what}")
         return self
 
 
@@ -431,6 +438,32 @@ def _check_quotas(quotas: list[QuotaConfig], tenants: list[TenantConfig], tree: 
         if (q.node, q.window) in seen:
             raise ConfigError(f"{where}: quotas: {q.node!r} has two quotas per {q.window}")
         seen.add((q.node, q.window))
+    _check_minimums(quotas, {t.name: t.parent for t in tenants} | {n.name: n.parent for n in tree}, where)
+
+
+def _check_minimums(quotas: list[QuotaConfig], parents: dict[str, str], where: str) -> None:
+    """Each minimum sits inside a quota above it of the same window that limits the same thing (its
+    parent quota), and the minimums a parent quota keeps fit its maximum."""
+    by_key = {(q.node, q.window): q for q in quotas}
+    kept: dict[tuple[str, str, str], float] = {}
+    for q in quotas:
+        for low, limit in ((q.min_tokens, "max_tokens"), (q.min_cost, "max_cost")):
+            if low is None:
+                continue
+            above = parents.get(q.node, "")
+            while above and getattr(by_key.get((above, q.window)), limit, None) is None:
+                above = parents.get(above, "")
+            if not above:
+                raise ConfigError(
+                    f"{where}: quotas: {q.node!r}'s minimum per {q.window} needs a quota with {limit} on a node "
+                    "above it, in the same window"
+                )
+            kept[(above, q.window, limit)] = kept.get((above, q.window, limit), 0.0) + low
+    for (node, window, limit), total in kept.items():
+        if total > getattr(by_key[(node, window)], limit):
+            raise ConfigError(
+                f"{where}: quotas: the minimums under {node!r} per {window} ({total:g}) exceed its {limit}"
+            )
 
 
 def _classes(raw: Any) -> list[ClassConfig]:

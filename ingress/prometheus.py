@@ -21,6 +21,8 @@ QUOTA_SERIES = (
     ("fairgate_quota_used_cost", "Money used in the quota's current window by requests that ended", "used_cost"),
     ("fairgate_quota_held_cost", "Money held in the quota's current window by requests running", "held_cost"),
     ("fairgate_quota_remaining_cost", "Money the quota's current window has left", "remaining_cost"),
+    ("fairgate_quota_unused_min_tokens", "Tokens of a guaranteed minimum the node has not used", "unused_min_tokens"),
+    ("fairgate_quota_unused_min_cost", "Money of a guaranteed minimum the node has not used", "unused_min_cost"),
 )
 OBJECTIVE_COUNTERS = (
     ("fairgate_objective_admitted", "Requests of an objective class admitted in it", "admitted"),

@@ -7,6 +7,13 @@ when it ends. So no quota is exceeded, whatever the number of ingress replicas o
 window turns. Windows are fixed (aligned to the epoch), and a request counts in the window it was
 admitted in.
 
+A quota may also guarantee a minimum (``min_tokens``, ``min_cost``) inside the nearest quota above it
+of the same window that limits the same thing (its parent quota): the part of its minimum it has not
+used is kept from every request outside its subtree, so requests elsewhere under the parent may use
+(borrow) whatever the parent has left beyond its children's unused minimums, and a child can always
+still use its own. Checked at each admission, this keeps an invariant: a parent's window has left at
+least the sum of its children's unused minimums (the configuration checks that they fit its maximum).
+
 The book's usage and the holds of started requests are durable (``snapshot``); holds of requests not
 yet started are dropped there, as their dispatch charges are, and taken again when they are
 dispatched after a restart.
@@ -15,11 +22,16 @@ dispatched after a restart.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 WINDOWS_S = {"minute": 60.0, "hour": 3600.0, "day": 86400.0}
+PathOf = Callable[[str], Sequence[str]]  # a tenant or node -> it and the nodes above it, nearest first
+
+
+def _alone(name: str) -> Sequence[str]:
+    return (name,)
 
 
 @dataclass(frozen=True)
@@ -54,14 +66,19 @@ class QuotaRule:
     max_tokens: int | None = None  # prompt and output tokens in one window
     max_cost: float | None = None  # money in one window (at each model's prices)
     over: str = "reject"  # a request that could take it over: refused (reject) or served from spare capacity
+    min_tokens: int | None = None  # tokens per window its parent quota keeps for it until it uses them
+    min_cost: float | None = None  # the same in money
 
     def __post_init__(self) -> None:
         if self.over not in ("reject", "demote"):
             raise ValueError(f"quota on {self.node!r}: over must be reject or demote")
         if self.window not in WINDOWS_S:
             raise ValueError(f"quota on {self.node!r}: window must be one of {', '.join(WINDOWS_S)}")
-        if self.max_tokens is None and self.max_cost is None:
-            raise ValueError(f"quota on {self.node!r}: give max_tokens, max_cost or both")
+        if self.max_tokens is None and self.max_cost is None and self.min_tokens is None and self.min_cost is None:
+            raise ValueError(f"quota on {self.node!r}: give max_tokens, max_cost, a minimum or several")
+        for low, high, what in ((self.min_tokens, self.max_tokens, "tokens"), (self.min_cost, self.max_cost, "cost")):
+            if low is not None and (low < 0 or (high is not None and low > high)):
+                raise ValueError(f"quota on {self.node!r}: min_{what} must be between 0 and max_{what}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"quota on {self.node!r}: max_tokens must be at least 1")
         if self.max_cost is not None and not self.max_cost > 0:
@@ -84,18 +101,29 @@ class QuotaRule:
             "max_tokens": self.max_tokens,
             "max_cost": self.max_cost,
             "over": self.over,
+            "min_tokens": self.min_tokens,
+            "min_cost": self.min_cost,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuotaRule:
         tokens, cost = data.get("max_tokens"), data.get("max_cost")
+        low_tokens, low_cost = data.get("min_tokens"), data.get("min_cost")
         return cls(
             str(data["node"]),
             str(data["window"]),
             None if tokens is None else int(tokens),
             None if cost is None else float(cost),
             str(data.get("over") or "reject"),
+            None if low_tokens is None else int(low_tokens),
+            None if low_cost is None else float(low_cost),
         )
+
+    def unused_minimum(self, usage: Usage) -> Amount:
+        """What of its minimum its window has not used or held yet."""
+        tokens = 0 if self.min_tokens is None else max(0, self.min_tokens - usage.used - usage.held)
+        cost = 0.0 if self.min_cost is None else max(0.0, self.min_cost - usage.used_cost - usage.held_cost)
+        return Amount(tokens, cost)
 
     def tokens_left(self, usage: Usage) -> int | None:
         """What the window has left in tokens (None: no token limit)."""
@@ -105,10 +133,13 @@ class QuotaRule:
         """What the window has left in money (None: no money limit)."""
         return None if self.max_cost is None else max(0.0, self.max_cost - usage.used_cost - usage.held_cost)
 
-    def exceeded(self, usage: Usage, more: Amount) -> bool:
-        """Whether ``more`` on top of what its window used and holds would exceed this quota."""
+    def exceeded(self, usage: Usage, more: Amount, kept: Amount = Amount()) -> bool:
+        """Whether ``more`` on top of what its window used and holds would exceed this quota, ``kept``
+        (its children's unused minimums) set aside."""
         tokens, cost = self.tokens_left(usage), self.cost_left(usage)
-        return (tokens is not None and more.tokens > tokens) or (cost is not None and more.cost > cost + 1e-12)
+        return (tokens is not None and more.tokens > tokens - kept.tokens) or (
+            cost is not None and more.cost > cost - kept.cost + 1e-12
+        )
 
 
 @dataclass
@@ -138,7 +169,7 @@ class Hold:
 class Refusal:
     rule: QuotaRule
     retry_after_s: float  # until the rule's window turns
-    left: str  # what the window has left, in words
+    left: str  # what the window has left, in words (and what of it is kept for others' minimums)
 
 
 class QuotaBook:
@@ -146,6 +177,7 @@ class QuotaBook:
         self.rules: dict[str, list[QuotaRule]] = {}
         for rule in rules:
             self.rules.setdefault(rule.node, []).append(rule)
+        self._guaranteed = [r for rs in self.rules.values() for r in rs if r.min_tokens or r.min_cost]
         self._usage: dict[str, Usage] = {}
         self._holds: dict[str, Hold] = {}
 
@@ -167,18 +199,43 @@ class QuotaBook:
         held = [h.amount for h in self._holds.values() if h.windows.get(key) == window]
         return Usage(window, used.tokens, sum(a.tokens for a in held), used.cost, sum(a.cost for a in held))
 
-    def refusal(self, names: Iterable[str], most: Amount, now: float) -> Refusal | None:
-        """A quota of ``names`` that ``most`` more would exceed now (one that rejects before one that
-        demotes), or None."""
+    def refusal(self, names: Sequence[str], most: Amount, now: float, path_of: PathOf = _alone) -> Refusal | None:
+        """A quota of ``names`` that ``most`` more would exceed now, its children's unused minimums
+        outside ``names`` set aside (one that rejects before one that demotes), or None. ``path_of``:
+        where each quota's node sits in the tree (without it no minimum is kept)."""
         demoting = None
         for rule in self._applying(names):
             usage = self._current(rule, now)
-            if rule.exceeded(usage, most):
-                refusal = Refusal(rule, max(1.0, rule.window_end(usage.window) - now), _left(rule, usage))
+            kept = self._kept(rule, names, now, path_of)
+            if rule.exceeded(usage, most, kept):
+                left = _left(rule, usage) + _kept_words(kept)
+                refusal = Refusal(rule, max(1.0, rule.window_end(usage.window) - now), left)
                 if rule.over == "reject":
                     return refusal
                 demoting = demoting or refusal
         return demoting
+
+    def _kept(self, parent: QuotaRule, names: Sequence[str], now: float, path_of: PathOf) -> Amount:
+        """The unused minimums of the quotas whose parent quota is ``parent``, except those of the
+        nodes a request of ``names`` is under (its own it may use)."""
+        tokens, cost = 0, 0.0
+        for rule in self._guaranteed:
+            if rule.window != parent.window or rule.node in names:
+                continue
+            path = path_of(rule.node)
+            unused = rule.unused_minimum(self._current(rule, now))
+            if unused.tokens and self._parent_node(path, rule.window, "max_tokens") == parent.node:
+                tokens += unused.tokens
+            if unused.cost and self._parent_node(path, rule.window, "max_cost") == parent.node:
+                cost += unused.cost
+        return Amount(tokens, cost)
+
+    def _parent_node(self, path: Sequence[str], window: str, limit: str) -> str | None:
+        """The nearest node above ``path[0]`` with a quota of ``window`` that has ``limit``."""
+        for name in path[1:]:
+            if any(r.window == window and getattr(r, limit) is not None for r in self.rules.get(name, ())):
+                return name
+        return None
 
     def hold(self, request_id: str, names: Iterable[str], most: Amount, now: float) -> None:
         """Hold ``most`` for a request dispatched now, in every quota of ``names``."""
@@ -225,6 +282,9 @@ class QuotaBook:
             row |= {"used_cost": round(usage.used_cost, 9), "held_cost": round(usage.held_cost, 9)}
             if cost is not None:
                 row["remaining_cost"] = round(cost, 9)
+            if rule.min_tokens is not None or rule.min_cost is not None:
+                unused = rule.unused_minimum(usage)
+                row |= {"unused_min_tokens": unused.tokens, "unused_min_cost": round(unused.cost, 9)}
             rows.append(row | {"resets_in_s": rule.window_end(usage.window) - now})
         return rows
 
@@ -254,3 +314,8 @@ def _left(rule: QuotaRule, usage: Usage) -> str:
     tokens, cost = rule.tokens_left(usage), rule.cost_left(usage)
     parts = [] if tokens is None else [f"{tokens} tokens"]
     return " and ".join(parts if cost is None else [*parts, f"{cost:.6f} in money"])
+
+
+def _kept_words(kept: Amount) -> str:
+    parts = ([f"{kept.tokens} tokens"] if kept.tokens else []) + ([f"{kept.cost:.6f} in money"] if kept.cost else [])
+    return f", of which {' and '.join(parts)} kept for other nodes' minimums" if parts else ""

@@ -296,6 +296,17 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         owner = self.tenants.get(t.name.partition(CLASS_SEP)[0], t)
         return list(dict.fromkeys([owner.name, *(node.name for node in owner.ancestors)]))
 
+    def quota_path(self, name: str) -> list[str]:
+        """A tenant or tree node and the nodes above it, nearest first (where its quota sits)."""
+        t = self.tenants.get(name)
+        if t is not None:
+            return self.quota_names(t)
+        path, node = [], self.tree.nodes.get(name)
+        while node is not None:
+            path.append(node.name)
+            node = self.tree.nodes.get(node.parent)
+        return path or [name]
+
     def _most(self, prompt_tokens: int, max_tokens: int) -> Amount:
         """The most a request may use: all its tokens, its prompt priced as if none of it were cached."""
         return Amount(prompt_tokens + max_tokens, self.prices.cost(prompt_tokens, 0, max_tokens))
@@ -304,7 +315,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         return Amount(prompt_tokens + output_tokens, self.prices.cost(prompt_tokens, cached, output_tokens))
 
     def _over_quota(self, t: Tenant, most: Amount, now: float) -> bool:
-        refusal = self.quotas.refusal(self.quota_names(t), most, now)
+        refusal = self.quotas.refusal(self.quota_names(t), most, now, self.quota_path)
         if refusal is not None:
             self.last_refusal = refusal
         return refusal is not None

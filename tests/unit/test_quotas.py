@@ -23,6 +23,8 @@ ALICE_USED_150 = {
     "max_tokens": 1000,
     "max_cost": None,
     "over": "reject",
+    "min_tokens": None,
+    "min_cost": None,
     "used_tokens": 150,
     "held_tokens": 0,
     "remaining_tokens": 850,
@@ -176,13 +178,18 @@ def test_the_configuration_checks_quotas():
     base = {"tenants": [{"name": "alice", "api_key": "a" * 20}], "admin_api_key": "fg-admin-" + "x" * 20}
     config, _ = parse_config({**base, "quotas": [{"node": "alice", "window": "hour", "max_tokens": 5000}]})
     (quota,) = config.plain()["quotas"]
-    assert quota == {"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None, "over": "reject"}
+    assert quota == {"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None, "over": "reject"} | {
+        "min_tokens": None,
+        "min_cost": None,
+    }
     for quotas, needle in (
         ([{"node": "nobody", "window": "hour", "max_tokens": 5}], "no tenant or tree node named 'nobody'"),
         ([{"node": "alice", "window": "week", "max_tokens": 5}], "window"),
         ([{"node": "alice", "window": "hour", "max_tokens": 0}], "max_tokens"),
         ([{"node": "alice", "window": "hour", "max_tokens": 5}] * 2, "two quotas per hour"),
-        ([{"node": "alice", "window": "hour"}], "max_tokens, max_cost or both"),
+        ([{"node": "alice", "window": "hour"}], "max_tokens, max_cost, a minimum or several"),
+        ([{"node": "alice", "window": "hour", "max_tokens": 5, "min_tokens": 6}], "min_tokens must not be above"),
+        ([{"node": "alice", "window": "hour", "min_tokens": 5}], "needs a quota with max_tokens on a node above"),
     ):
         with pytest.raises(ValueError, match=needle):
             parse_config({**base, "quotas": quotas})
@@ -258,3 +265,106 @@ def test_each_request_dropped_at_its_turn_answers_with_its_own_quota():
     assert s.dropped_refusal("a2").rule.node == "alice" and s.dropped_refusal("a2").retry_after_s == HOUR - 30.0
     assert s.dropped_refusal("b2").rule.node == "bob" and s.dropped_refusal("b2").retry_after_s == 30.0
     assert s.dropped_refusal("a1") is None
+
+
+def team_with_minimums(**config) -> FairScheduler:
+    """A team's hourly 1,000 tokens: alice guaranteed 400 of them (at most 700), bob 200 (no maximum
+    of his own), carol nothing guaranteed."""
+    s = scheduler(
+        QuotaRule("team", "hour", 1000),
+        QuotaRule("alice", "hour", 700, min_tokens=400),
+        QuotaRule("bob", "hour", min_tokens=200),
+        **config,
+    )
+    s.set_node("team", None, 1.0)
+    for name in ("alice", "bob", "carol"):
+        s.add_tenant(name, 1.0, "team")
+    return s
+
+
+def test_a_guaranteed_minimum_is_kept_from_everyone_else_and_the_rest_is_borrowed():
+    s = team_with_minimums()
+    assert s.submit("c1", "carol", 200, 201, 0.0) == REJECT_QUOTA  # 401 > 1000 - 400 - 200 kept
+    assert "of which 600 tokens kept for other nodes' minimums" in s.last_refusal.left
+    assert run(s, "c2", "carol", 200, 200, 200, 0.0) is None  # 400 borrowed: exactly what is not kept
+    assert s.submit("c3", "carol", 1, 1, 0.0) == REJECT_QUOTA
+    assert run(s, "a1", "alice", 200, 200, 200, 1.0) is None  # alice's own minimum, whatever carol did
+    assert run(s, "b1", "bob", 100, 100, 100, 1.0) is None  # bob's
+    rows = {row["node"]: row for row in s.quotas.view(None, 2.0)}
+    assert rows["team"]["remaining_tokens"] == 0 and rows["bob"]["unused_min_tokens"] == 0
+    assert rows["alice"]["unused_min_tokens"] == 0 and rows["alice"]["remaining_tokens"] == 300
+
+
+def test_a_node_beyond_its_minimum_borrows_only_what_others_do_not_keep():
+    s = team_with_minimums()
+    assert run(s, "a1", "alice", 200, 300, 300, 0.0) is None  # 500: its 400 and 100 borrowed
+    assert s.submit("a2", "alice", 150, 151, 0.0) == REJECT_QUOTA  # 301 > 1000 - 500 - 200 (bob's)
+    assert s.submit("a3", "alice", 100, 101, 0.0) == REJECT_QUOTA  # 201 > what alice's own 700 has left
+    assert run(s, "a4", "alice", 100, 100, 100, 0.0) is None  # 200: alice at her maximum
+    assert s.submit("c1", "carol", 50, 51, 0.0) == REJECT_QUOTA  # 101 > 300 - 200 (bob's)
+    assert run(s, "c2", "carol", 50, 50, 50, 0.0) is None
+    assert run(s, "b1", "bob", 100, 100, 100, 0.0) is None  # bob's 200, whatever the others did
+
+
+def test_the_configuration_checks_that_minimums_fit_their_parent_quota():
+    base = {
+        "tree": [{"name": "team"}],
+        "tenants": [{"name": n, "api_key": n * 20, "parent": "team"} for n in ("alice", "bob")],
+        "admin_api_key": "fg-admin-" + "x" * 20,
+    }
+    team = {"node": "team", "window": "hour", "max_tokens": 1000}
+    config, _ = parse_config({**base, "quotas": [team, {"node": "alice", "window": "hour", "min_tokens": 600}]})
+    assert QuotaRule.from_dict(config.plain()["quotas"][1]).min_tokens == 600
+    for quotas, needle in (
+        (
+            [
+                team,
+                {"node": "alice", "window": "hour", "min_tokens": 600},
+                {"node": "bob", "window": "hour", "min_tokens": 500},
+            ],
+            r"minimums under 'team' per hour \(1100\) exceed its max_tokens",
+        ),
+        ([team, {"node": "alice", "window": "day", "min_tokens": 5}], "needs a quota with max_tokens on a node above"),
+        ([team, {"node": "alice", "window": "hour", "min_cost": 1.0}], "needs a quota with max_cost"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            parse_config({**base, "quotas": quotas})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["alice", "bob", "carol"]),
+            st.integers(1, 300),
+            st.integers(1, 300),
+            st.floats(0, 1),
+            st.floats(0, 200),
+        ),
+        max_size=40,
+    )
+)
+def test_every_unused_minimum_stays_available_to_its_node(rows):
+    """Random requests of three tenants under a team's quota, two with minimums: after every event the
+    team's window has left at least the minimums its members have not used, and a member asking for
+    no more than its unused minimum (and its own maximum) is admitted."""
+    s = team_with_minimums()
+    s.worker_join("w", kv_tokens=100_000)
+    for i, (tenant, prompt, max_tokens, fraction, at) in enumerate(sorted(rows, key=lambda r: r[4])):
+        rid = f"r{i}"
+        if s.submit(rid, tenant, prompt, max_tokens, at) is None and i % 3 == 2:
+            for a in s.assign(at):
+                out = max(1, round(a.request.max_tokens * fraction))
+                s.on_report("w", {a.request.id: out}, started={a.request.id: a.request.prompt_tokens})
+                s.on_finish(a.request.id, out, "stop", at)
+        s.take_dropped()
+        rows_now = {row["node"]: row for row in s.quotas.view(None, at)}
+        team = rows_now["team"]
+        unused = {n: rows_now[n]["unused_min_tokens"] for n in ("alice", "bob")}
+        assert team["remaining_tokens"] >= sum(unused.values()), (team, unused)
+        for name, left in unused.items():
+            own = rows_now[name].get("remaining_tokens", left)
+            if min(left, own) >= 2:
+                probe = f"probe{i}{name}"
+                assert s.submit(probe, name, 1, min(left, own) - 1, at) is None, (name, rows_now)
+                s.cancel(probe)
