@@ -21,32 +21,20 @@ import collections
 import contextlib
 import itertools
 import json
-import os
 import secrets
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from common.loopback import FRONT_DOOR_ENV
 from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
 from loadgen.pausing import listening_process, paused
+from loadgen.serve_process import free_port, served_gateway
 from workers.engines import engine_for
-
-# The environment this process started with: importing an engine's library changes the importer's (vLLM
-# sets LD_PRELOAD, thread and compiler settings), and each gateway arm starts as from a user's shell.
-LAUNCH_ENVIRONMENT = dict(os.environ)
-# Settings of a cluster's HAProxy that an arm's process must not inherit: it starts a cluster of its own.
-CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRGATE_HAPROXY")
 
 # After an arm is continued, its timers catch up (Ray's health checks, metrics pushes) before it is measured.
 RESUME_SETTLE_S = 2.0
@@ -224,10 +212,9 @@ async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Non
 # ----------------------------------------------------------------------------- the arms
 
 
-@contextlib.contextmanager
 def through_gateway(
     config: OpenAIBenchConfig, port: int, front_door: str, log: Path | None = None
-) -> Iterator[tuple[str, str]]:
+) -> contextlib.AbstractContextManager[tuple[str, str, int]]:
     """``fairgate serve`` behind ``front_door`` with one worker of the same engine settings, in a
     process of its own until the block ends; yields (base URL, API key, its process id)."""
     key = "fg-bench-" + secrets.token_hex(12)
@@ -238,43 +225,7 @@ def through_gateway(
         "limits": {"max_queued_per_tenant": 100_000},
         "tenants": [{"name": "bench", "api_key": key}],
     }
-    with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp:
-        path = Path(tmp) / "gateway.yaml"
-        path.write_text(yaml.safe_dump(gateway))
-        env = {k: v for k, v in LAUNCH_ENVIRONMENT.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
-        env[FRONT_DOOR_ENV] = front_door
-        command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(port)]
-        out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            _wait_for_engine(base, config.model, key, proc)
-            yield base, key, proc.pid
-        finally:
-            proc.send_signal(signal.SIGTERM)  # it stops its cluster and its HAProxy itself
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(120)
-            with contextlib.suppress(ProcessLookupError):  # whatever of its process group is left
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            if log is not None:
-                out.close()  # type: ignore[union-attr]
-
-
-def _wait_for_engine(base: str, model: str, key: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:
-    """Until one completion comes back (the routes, the workers and the engine come late)."""
-    deadline = time.monotonic() + timeout_s
-    body = {"model": model, "prompt": "hello", "max_tokens": 1}
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fairgate serve exited with {proc.returncode} before it served")
-        with contextlib.suppress(httpx.HTTPError):
-            r = httpx.post(base + "/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
-            if r.status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the gateway at {base} did not answer within {timeout_s:.0f} s")
-        time.sleep(0.5)
+    return served_gateway(gateway, port, key, front_door, log)
 
 
 def bench_openai(
@@ -292,7 +243,7 @@ def bench_openai(
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}
     plugin = engine_for(config.engine)
     pin = _cpu_split(plugin, config.engine_cpus)
-    alone_port = _free_port()
+    alone_port = free_port()
     alone_log = log_dir / "engine-alone.log" if log_dir is not None else None
     with plugin.reference_server(plugin.settings(config.settings), config.model, alone_port, alone_log) as alone_base:
         alone_pid = listening_process(alone_port)
@@ -300,7 +251,7 @@ def bench_openai(
             raise RuntimeError(f"no process listens on the engine's port {alone_port}")
         for door in front_doors:
             log = log_dir / f"gateway-{door}.log" if log_dir is not None else None
-            with through_gateway(config, _free_port(), door, log) as (base, key, gateway_pid):
+            with through_gateway(config, free_port(), door, log) as (base, key, gateway_pid):
                 arms = {"alone": (alone_base, "none", gateway_pid), door: (base, key, alone_pid)}
                 for url, api_key, other in arms.values():  # both warm (a first loaded pass ran slower)
                     pin(alone_pid, gateway_pid)
@@ -361,11 +312,3 @@ def _median(runs: list[ArmResult]) -> ArmResult:
     for r in runs:
         kinds.update(r.error_kinds)
     return ArmResult(**medians, errors=sum(r.errors for r in runs), error_kinds=dict(kinds))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

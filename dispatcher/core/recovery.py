@@ -149,8 +149,9 @@ class WorkerRecovery:
         with the worker (or put back in its queue, or placed again elsewhere without starting) is
         adopted and finished; one it still tracks there is brought to its final count and finished;
         one already finished is left alone. One it never knew, assigned (``assigned_at``) by the
-        dispatcher before this one after the state this one restored was saved, is in no saved
-        counter: adopted and finished too. True when it was settled here."""
+        dispatcher before this one after the state this one restored was saved, or assigned before
+        and not started then (saved as refunded), is in no saved counter: adopted and finished too.
+        True when it was settled here."""
         req = self.state.in_flight.get(request_id)
         if req is not None and req.worker == worker_id:
             if output_tokens > req.output_tokens:
@@ -160,11 +161,12 @@ class WorkerRecovery:
         state = self.state
         unsaved_window = False
         if req is None and request_id not in state.settled and request_id not in state.queued_ids:
-            unsaved = state.unsaved
-            if request_id in state.recovered or unsaved is None or assigned_at is None:
+            if request_id in state.recovered:
                 return False  # finished here before: nothing to do
-            if not unsaved[0] <= assigned_at < unsaved[1]:
-                return False  # counted in the state restored, or assigned and finished here
+            if request_id not in state.unstarted_at_save:  # that one was saved as refunded: never counted
+                unsaved = state.unsaved
+                if unsaved is None or assigned_at is None or not unsaved[0] <= assigned_at < unsaved[1]:
+                    return False  # counted in the state restored, or assigned and finished here
             unsaved_window = True
         if req is not None:
             if req.started:

@@ -34,6 +34,7 @@ class SchedulerState:
     # was restored; what the dispatcher before assigned in between, no saved counter holds
     unsaved: tuple[float, float] | None = None
     recovered: set[str] = field(default_factory=set)  # ids from that window settled here (never twice)
+    unstarted_at_save: set[str] = field(default_factory=set)  # assigned, not started: saved as refunded
     longest_prompt: int = 0  # of every request submitted, and the largest max_tokens: for 2U
     longest_output: int = 0
 

@@ -181,4 +181,5 @@ class SchedulerViews:
             state.recovered.discard(request_id)
         state.settled_before = set(state.settled) | state.recovered
         state.resumed.clear()
+        state.unstarted_at_save.clear()
         self.tree.resumed.clear()

@@ -156,6 +156,8 @@ def durable_state(s: Snapshottable, saved_at: float | None = None) -> dict[str, 
         "policy": s.policy.snapshot(),
         "lengths": s.lengths.snapshot(),
         "saved_at": saved_at,
+        # written as refunded above: one that starts and ends before the restart is in no saved counter
+        "unstarted": sorted(r.id for r in state.in_flight.values() if not r.started),
     }
 
 
@@ -184,6 +186,7 @@ def restore_durable(s: Snapshottable, data: Mapping[str, Any], now: float | None
         s.lengths.restore(dict(data["lengths"]))
     if data.get("saved_at") is not None and now is not None:
         state.unsaved = (float(data["saved_at"]), now)
+    state.unstarted_at_save = set(data.get("unstarted", ()))
 
 
 def _nodes_of_unstarted(s: Snapshottable) -> set[str]:

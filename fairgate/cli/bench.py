@@ -50,6 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sb.add_argument("--arms", default="queue,shed,downgrade", help="comma-separated: queue, shed, downgrade")
     sb.add_argument("--json", default=None, help="also write the figures to this file")
     sb.set_defaults(bench=_slo)
+    qb = targets.add_parser("quota", help="quotas across 4 ingress replicas and a dispatcher SIGKILL; demote")
+    qb.add_argument("--clients", type=int, default=4, help="closed loops per flooding key")
+    qb.add_argument("--log", default=None, help="write the gateway's output to this file")
+    qb.add_argument("--json", default=None, help="also write the figures to this file")
+    qb.set_defaults(bench=_quota)
     vb = targets.add_parser("vllm", help="work conservation: a vLLM engine directly vs through the gateway")
     vb.add_argument("--model", default="small", help="vLLM model (default: the project's ~100M 'small', dummy weights)")
     vb.add_argument("--kv-tokens", type=int, default=8192, help="KV pool of the engine, in tokens")
@@ -241,6 +246,21 @@ def _slo(args: argparse.Namespace) -> int:
         raise UsageError(f"--seconds must be at least {2 * WARMUP_S:g}")
     r = bench_slo(args.seconds, args.seed, arms)
     print(format_slo(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+def _quota(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_quota import BenchQuotaConfig, bench_quota, format_quota
+
+    if args.clients < 1:
+        raise UsageError("--clients must be at least 1")
+    r = bench_quota(BenchQuotaConfig(clients=args.clients), Path(args.log) if args.log else None)
+    print(format_quota(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0

@@ -108,4 +108,6 @@ def test_fairness_is_per_pool_and_the_live_page_shows_both(gw):
     open_stats = gw.stats(OPEN)
     assert open_stats["tenants"]["bob"]["service"] > got["bob"]  # bob's flood of the open model
     assert open_stats["tenants"]["alice"]["finished"] <= 1  # alice's restricted load never reached the open pool
-    assert restricted["tenants"]["alice"]["service"] >= last["tenants"]["alice"]["service"]
+    # the page reads the live pool: what it counts finished only grows (service may step back by a
+    # cached-prefix correction or a refund, so it is not the figure to compare)
+    assert restricted["tenants"]["alice"]["finished"] >= last["tenants"]["alice"]["finished"]

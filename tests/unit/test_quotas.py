@@ -368,3 +368,23 @@ def test_every_unused_minimum_stays_available_to_its_node(rows):
                 probe = f"probe{i}{name}"
                 assert s.submit(probe, name, 1, min(left, own) - 1, at) is None, (name, rows_now)
                 s.cancel(probe)
+
+
+def test_a_request_unstarted_at_the_last_save_that_ran_before_the_restart_is_counted_once():
+    """Assigned before the save but not started (saved as refunded), then started and ended before the
+    dispatcher died: its worker's hello lists it as ended, and the restarted dispatcher counts it in
+    the tenant's counter and quota, once."""
+    rule = QuotaRule("alice", "hour", 1000)
+    s = scheduler(rule)
+    s.submit("a1", "alice", 100, 100, 1.0)
+    s.assign(1.0)
+    saved = json.loads(json.dumps(s.durable_state(saved_at=2.0)))
+    book = json.loads(json.dumps(s.quotas.snapshot(s.started_ids())))
+    assert saved["unstarted"] == ["a1"] and book["holds"] == {}  # saved as if refunded
+    fresh = scheduler(rule)
+    fresh.restore_durable(saved, now=3.0)
+    fresh.quotas.restore(book)
+    assert fresh.settle_ended("w", "a1", "alice", 100, 100, 100, 4.0, assigned_at=1.0)
+    assert not fresh.settle_ended("w", "a1", "alice", 100, 100, 100, 5.0, assigned_at=1.0)  # once
+    assert fresh.quotas.view(["alice"], 5.0)[0]["used_tokens"] == 200
+    assert fresh.tenants["alice"].service == pytest.approx(100 + 2 * 100)

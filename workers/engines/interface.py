@@ -68,6 +68,7 @@ class Delta:
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str | None = None
+    cached_tokens: int = 0  # of the prompt, found in the engine's prefix cache (reported in usage)
 
 
 @dataclass(frozen=True, slots=True)

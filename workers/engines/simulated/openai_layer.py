@@ -107,7 +107,10 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
         finally:
             await deltas.aclose()  # type: ignore[attr-defined]
         text.append("" if stops.stopped else stops.flush())
-        return whole_response(rid, chat, req.model, "".join(text), finish, last.prompt_tokens, last.completion_tokens)
+        content = "".join(text)
+        return whole_response(
+            rid, chat, req.model, content, finish, last.prompt_tokens, last.completion_tokens, last.cached_tokens
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -154,5 +157,6 @@ async def _events(
     yield piece("", finish)
     if include_usage:
         obj = "chat.completion.chunk" if chat else "text_completion"
-        yield sse(envelope(rid, obj, model, created, [], usage=usage(last.prompt_tokens, last.completion_tokens)))
+        tokens = usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+        yield sse(envelope(rid, obj, model, created, [], usage=tokens))
     yield "data: [DONE]\n\n"

@@ -22,11 +22,13 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any], finish
     return envelope(rid, "chat.completion.chunk", model, created, [choice])
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object, with the prompt tokens found in the prefix cache (what money is billed on)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -39,7 +41,14 @@ def sse(data: dict[str, Any]) -> str:
 
 
 def whole_response(
-    rid: str, chat: bool, model: str, content: str, finish: str | None, prompt_tokens: int, completion_tokens: int
+    rid: str,
+    chat: bool,
+    model: str,
+    content: str,
+    finish: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
 ) -> dict[str, Any]:
     """The non-streaming completion object."""
     if chat:
@@ -53,5 +62,5 @@ def whole_response(
     else:
         choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    tokens = usage(prompt_tokens, completion_tokens)
+    tokens = usage(prompt_tokens, completion_tokens, cached_tokens)
     return envelope(rid, obj, model, now_s(), [choice], usage=tokens)

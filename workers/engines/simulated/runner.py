@@ -28,6 +28,7 @@ class SimulatedRunner:
         self.max_running = engine.max_running
         self.watermark_tokens = engine.watermark_tokens
         self._queues: dict[str, asyncio.Queue[tuple[int, str | None]]] = {}
+        self._cached: dict[str, int] = {}  # prompt tokens found cached, for requests whose start is not yet read
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._on_step: StepCallback = lambda _report: None
@@ -96,18 +97,20 @@ class SimulatedRunner:
             )
         )
         self._wake.set()
-        generated = 0
+        generated = cached = 0
         try:
             while True:
                 k, reason = await queue.get()
+                cached = self._cached.pop(request_id, cached)
                 if k:
                     text = "".join(token_text(seed, generated + i) for i in range(k))
                     generated += k
-                    yield Delta(text, generated, prompt_tokens)
+                    yield Delta(text, generated, prompt_tokens, cached_tokens=cached)
                 if reason is not None:
-                    yield Delta("", generated, prompt_tokens, reason)
+                    yield Delta("", generated, prompt_tokens, reason, cached)
                     return
         finally:
+            self._cached.pop(request_id, None)
             if self._queues.pop(request_id, None) is not None:
                 self.engine.abort(request_id)
                 self._wake.set()
@@ -126,6 +129,9 @@ class SimulatedRunner:
             self._on_step(report)
 
     def _deliver(self, report: StepReport) -> None:
+        for rid, cached in report.cached.items():
+            if rid in self._queues:
+                self._cached[rid] = cached
         for rid, k in report.new_tokens.items():
             queue = self._queues.get(rid)
             if queue is not None:
