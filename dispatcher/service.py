@@ -26,7 +26,7 @@ from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_wo
 from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from dispatcher.core.fairness import backlogged_gap
 from dispatcher.core.quotas import Prices, QuotaBook, Refusal
-from dispatcher.core.reasons import REJECT_OBJECTIVE, REJECT_QUOTA
+from dispatcher.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
 from dispatcher.core.wait_prediction import ObjectiveMiss
 from dispatcher.metrics import Histogram
 
@@ -347,8 +347,28 @@ class DispatcherService:
             future = self._pending.pop(req.id, None)
             if future is not None and not future.done():
                 future.set_exception(rejected(reason, self.scheduler.dropped_refusal(req.id)))
+        self._revoke()
         self._release_drained()
         self._set_pace()
+
+    def _revoke(self) -> None:
+        """Ask workers for the requests the core would take back (revocation by over-service): each
+        answers with a ``revoked`` finish if its engine had not started it, and says nothing otherwise
+        (the start report ends the round)."""
+        for request_id, worker_id in self.scheduler.revocations():
+            link = self._links.get(worker_id)
+            if link is None:
+                self.scheduler.revocation_answered(request_id)
+                continue
+            link.outbox.put_nowait(pb.DispatcherMessage(revoke=pb.Revoke(request_id=request_id)))
+
+    def _taken_back(self, request_id: str) -> None:
+        """A worker took ``request_id`` back unstarted (the core put it back in its queue): its caller,
+        told by the worker, asks again; until then a placement waits for it here. (A caller that asked
+        first has put it back itself, and waits on its own.)"""
+        if self.scheduler.is_queued(request_id) and request_id not in self._pending:
+            future = self._orphans[request_id] = asyncio.get_running_loop().create_future()
+            self._pending[request_id] = future
 
     def _set_pace(self) -> None:
         """Tell the workers a new report pace when waiting requests appear or have been gone a while."""
@@ -436,7 +456,9 @@ class DispatcherService:
             )
             for f in r.finished:
                 done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)
-                if done is not None and f.reason != "abort" and self._observe:
+                if f.reason == FINISH_REVOKED:
+                    self._taken_back(f.request_id)
+                elif done is not None and f.reason != "abort" and self._observe:
                     self.latency.observe(now - done.arrival)
         elif kind == "goodbye":
             s.worker_drain(worker_id)

@@ -73,7 +73,9 @@ class SchedulerSettings(Section):
     fits no worker, wait for it (true) or let up to 16 others' requests go first; ``max_engine_waiting``:
     requests that may wait inside one engine beyond its room (0: none); ``overcommit``: the pools'
     worth of expected use the requests in flight on one worker may reach; ``objective_reserve``: the
-    share of each engine's KV only urgent requests (of classes that enforce their objective) start into."""
+    share of each engine's KV only urgent requests (of classes that enforce their objective) start into;
+    ``revoke``: take back requests engines hold unstarted from tenants more served than one that waits
+    with nowhere to go (revocation by over-service)."""
 
     policy: str = Field(
         _SCHEDULER_DEFAULTS.policy, description="fairness policy: vtc, vtc-locality[:Δ], vtc-predict, fcfs, lcf, rpm:N"
@@ -94,6 +96,10 @@ class SchedulerSettings(Section):
         ge=0,
         lt=1,
         description="share of each engine's KV kept for requests of classes that enforce ttft_s (while any does)",
+    )
+    revoke: bool = Field(
+        _SCHEDULER_DEFAULTS.revoke,
+        description="take back requests engines hold unstarted for a less served tenant that waits (revocation)",
     )
     limits: LimitsSettings = Field(
         default_factory=lambda: LimitsSettings(), description="caps on waiting requests (section below)"
@@ -510,6 +516,7 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> dict[str, Any
         max_engine_waiting=settings.max_engine_waiting,
         overcommit=settings.overcommit,
         objective_reserve=settings.objective_reserve,
+        revoke=settings.revoke,
         policy=make_policy(settings.policy).spec,
         cost=cost_from_spec(settings.cost.model_dump(exclude_none=True)),
         placement=make_placement(settings.placement).name,

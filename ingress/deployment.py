@@ -23,6 +23,7 @@ from common.openai_errors import ApiError, parse_body
 from common.rpc import fairgate_pb2 as pb
 from common.tracing import RequestTrace, configure_tracing
 from dispatcher.actor import get_or_create_dispatcher
+from dispatcher.core.reasons import FINISH_REVOKED
 from ingress.admin_routes import AdminRoutes
 from ingress.admission_client import AdmissionClient, DispatcherUnavailable
 from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
@@ -39,6 +40,7 @@ from ingress.service_tier import echo_tier
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
+MAX_REVOCATIONS = 64  # times one request may be taken back unstarted (each time a less served tenant went first)
 
 
 INLINE_TOKENIZE_BYTES = 16_384  # larger bodies are tokenized off the event loop (it serves every client)
@@ -336,12 +338,14 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
     ) -> AsyncIterator[bytes]:
         """The engine's bytes from the assigned worker. A worker lost before it sent anything (crashed,
         unreachable, ticket refused): the dispatcher places the request again, same id, at the head of
-        its tenant's queue. Once anything arrived, a lost worker ends the request with an error. However
+        its tenant's queue. One its worker took back unstarted (revocation) waits there again, at once and
+        not counted as a failure. Once anything arrived, a lost worker ends the request with an error. However
         it ends before its worker sent anything (a failure, the client leaving), its reservation is
         freed at once: no one waits for its ticket to expire."""
         rid = placement.ticket.request_id
+        attempt = revoked = 0
         try:
-            for attempt in range(MAX_PLACEMENTS):
+            while True:
                 request.ticket.CopyFrom(placement.ticket)
                 carried = trace.start_generate(placement.worker_id)
                 data = stream_bytes(self._connections, placement.address, request, outcome, carried, trace.first_token)
@@ -350,12 +354,18 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
                         yield piece
                     return
                 except WorkerLost as exc:
-                    log.warning("ingress: request %s: %s", rid, exc.detail)
-                    if outcome.received or not exc.retryable or attempt + 1 == MAX_PLACEMENTS:
-                        raise
+                    taken_back = exc.code == FINISH_REVOKED and not outcome.received and revoked < MAX_REVOCATIONS
+                    if not taken_back:  # one taken back for a less served tenant is asked again at once
+                        log.warning("ingress: request %s: %s", rid, exc.detail)
+                        attempt += 1
+                        if outcome.received or not exc.retryable or attempt == MAX_PLACEMENTS:
+                            raise
                 finally:
                     await data.aclose()  # type: ignore[attr-defined]  # client gone: stop the worker at once
-                await asyncio.sleep(0.05 * 2**attempt)
+                if taken_back:
+                    revoked += 1
+                else:
+                    await asyncio.sleep(0.05 * 2 ** (attempt - 1))
                 served = placement.service_tier or None  # the same class as before
                 placement = await self._submit(
                     model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True, tier=served

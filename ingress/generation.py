@@ -26,10 +26,11 @@ class WorkerLost(Exception):
 
     PUBLIC = "the worker serving this request failed"
 
-    def __init__(self, detail: str, *, retryable: bool = True) -> None:
+    def __init__(self, detail: str, *, retryable: bool = True, code: str = "") -> None:
         super().__init__(self.PUBLIC)
         self.detail = detail
         self.retryable = retryable
+        self.code = code  # the worker's refusal code, when it refused (e.g. "revoked": taken back unstarted)
 
 
 @dataclass
@@ -111,7 +112,7 @@ async def stream_bytes(
             if chunk.HasField("refusal"):
                 r = chunk.refusal
                 clean = True  # the worker answered: the connection serves the next request
-                raise WorkerLost(f"worker {address}: {r.code}: {r.detail}", retryable=r.retryable)
+                raise WorkerLost(f"worker {address}: {r.code}: {r.detail}", retryable=r.retryable, code=r.code)
             if not outcome.received:
                 outcome.received = True
                 outcome.status, outcome.content_type = chunk.status or 200, chunk.content_type

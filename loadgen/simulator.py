@@ -11,6 +11,7 @@ workload's closed-loop tenants (``Workload.outstanding``) send their next reques
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from dispatcher.core import FairScheduler, SchedulerConfig, make_policy
 from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
+from dispatcher.core.reasons import FINISH_REVOKED
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from loadgen.workload import TraceRequest, Workload
 from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
@@ -54,6 +56,7 @@ class SimulationConfig:
     prefix_caching: bool = True  # the engines keep a prefix cache (as vLLM does by default)
     sees_prefix: bool = True  # the dispatcher gets prompts' block hashes and cached counts (False: prefix-blind)
     ideal_cache: bool = False  # a ceiling, not an engine: every prefilled block cached on every replica, free
+    revoke: bool = False  # take back unstarted requests of over-served tenants (dispatcher.core.revocation)
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -202,10 +205,13 @@ class Simulation:
                 cached=report.cached if self._prefix_block else None,
                 now=self.now,
             )
+            ended = []
             for done in report.finished:
                 sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
-                self._send_next(done.id)
-            rec.on_step(self.now, report.started, report.new_tokens, [d.id for d in report.finished], report.cached)
+                if done.reason != FINISH_REVOKED:  # one taken back waits again: it has not ended
+                    self._send_next(done.id)
+                    ended.append(done.id)
+            rec.on_step(self.now, report.started, report.new_tokens, ended, report.cached)
 
     def _admit_arrivals(self) -> None:
         requests, sched, rec = self.workload.requests, self.scheduler, self.recorder
@@ -243,6 +249,23 @@ class Simulation:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
 
     def _dispatch(self) -> None:
+        """Assign what can start; with revocation, take back what the engines answer for at once (a
+        worker answers in a message), and assign again."""
+        sched = self.scheduler
+        self._assign_once()
+        revoked = True
+        while revoked:  # until a round takes nothing back (what an engine started stays)
+            revoked = False
+            for rid, worker in sched.revocations():
+                if self._engine_of[worker].revoke(rid):
+                    sched.on_finish(rid, 0, FINISH_REVOKED, self.now)
+                    revoked = True
+                else:
+                    sched.revocation_answered(rid)
+            if revoked:
+                self._assign_once()
+
+    def _assign_once(self) -> None:
         requests, block = self.workload.requests, self.workload.prefix_block
         for a in self.scheduler.assign(self.now):
             req = a.request
@@ -277,10 +300,12 @@ class Simulation:
         )
 
     def _send_next(self, rid: str) -> None:
-        """A closed-loop tenant's request ended: its next one arrives now (a copy of it, same sizes)."""
+        """A closed-loop tenant's request ended: its next one arrives now (a copy of it, same sizes), in
+        its place among the arrivals still to come (other tenants' may be open-loop)."""
         done = self._tenant_of.pop(rid, None)
         if done is not None and self.now < self.workload.duration_s:
-            self.workload.requests.append(dataclasses.replace(done, arrival_s=self.now))
+            nxt = dataclasses.replace(done, arrival_s=self.now)
+            bisect.insort_right(self.workload.requests, nxt, lo=self._next_arrival, key=_arrival)
 
     def _start_steps(self) -> None:
         for i, engine in enumerate(self.engines):
@@ -288,6 +313,10 @@ class Simulation:
                 duration = engine.begin_step()
                 if duration is not None:
                     self._step_end[i] = self.now + duration
+
+
+def _arrival(r: TraceRequest) -> float:
+    return r.arrival_s
 
 
 def simulate(workload: Workload, config: SimulationConfig, progress: bool = False) -> RunSummary:

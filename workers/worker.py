@@ -28,6 +28,7 @@ from common.rpc import fairgate_pb2 as pb
 from common.rpc import fairgate_pb2_grpc as rpc
 from common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from common.tracing import extract_context, tracer
+from dispatcher.core.reasons import FINISH_REVOKED
 from workers.asgi_call import AsgiResponse, Linger, call_asgi
 from workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from workers.engines.interface import ASGIApp, EngineRunner, StepReport, TicketGrant, current_grant
@@ -64,7 +65,7 @@ class _Running:
     reported: int = 0  # output tokens in the step reports made so far (what a hello re-announces)
     ticket_expires_at: float = 0.0  # on its dispatcher's clock (a restarted dispatcher reads it)
     started: bool = False  # the engine started it (reported so)
-    finish: str = ""  # how the engine ended it, once reported
+    finish: str = ""  # how the engine ended it, once reported ("revoked": taken back unstarted)
     linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S))  # its bytes' joining; ends with it
 
 
@@ -222,6 +223,19 @@ class Worker:
         if request_id in self._running:
             self.runner.abort(request_id)
 
+    def revoke(self, request_id: str) -> None:
+        """The dispatcher takes the request back if the engine has not started it: then it never runs
+        here, the dispatcher hears ``revoked`` (it waits again), and the ingress gets a ``revoked``
+        refusal, nothing of it having been sent. A request that started runs on; nothing is said."""
+        r = self._running.get(request_id)
+        if r is None or r.started or r.finish or not self.runner.revoke(request_id):
+            return
+        r.finish = FINISH_REVOKED
+        r.linger.end()
+        finished = pb.Finished(request_id=request_id, output_tokens=0, reason=FINISH_REVOKED)
+        report = pb.StepReport(finished=[finished], free_tokens=self.runner.free_tokens())
+        self._outbox.put_nowait(pb.WorkerMessage(report=report))
+
     # ------------------------------------------------------------------ dispatcher stream
 
     async def _dispatcher_loop(self) -> None:
@@ -325,6 +339,8 @@ class Worker:
             self._released.set()
         elif kind == "abort":
             self.release(msg.abort.request_id)
+        elif kind == "revoke":
+            self.revoke(msg.revoke.request_id)
         elif kind == "pace":
             linger = min(REPORT_LINGER_MAX_S, max(REPORT_LINGER_S, msg.pace.report_interval_s))
             self._report_linger = linger
@@ -386,17 +402,25 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
             whole = b"".join([piece async for piece in response.body])
         else:
             async for piece in response.body:
+                if running.finish == FINISH_REVOKED:
+                    break
                 chunk = pb.GenerateChunk(
                     data=piece, completion_tokens=running.reported, prompt_tokens=running.prompt_tokens
                 )
                 if first:
                     chunk.status, chunk.content_type, first = response.status, response.content_type, False
                 yield chunk
+        if running.finish == FINISH_REVOKED:  # taken back before it started: nothing of it was sent
+            yield _taken_back()
+            return
         await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
         yield _last_chunk(running, response, whole, head=first)
     except (asyncio.CancelledError, GeneratorExit):
         raise
     except Exception:
+        if running.finish == FINISH_REVOKED:  # the engine's layer failed on a stream taken back: said so
+            yield _taken_back()
+            return
         log.exception("worker %s: the engine failed on %s", w.worker_id, t.request_id)
         yield pb.GenerateChunk(refusal=pb.Refusal(code="internal", detail="the engine failed on the request"))
     finally:
@@ -411,6 +435,11 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
             w._remember_ended(t.request_id, ended, ended.reported)
         span.set_attribute("fairgate.completion_tokens", running.reported)
         span.end()
+
+
+def _taken_back() -> pb.GenerateChunk:
+    """The answer for a request taken back before its engine started it: the ingress asks again."""
+    return pb.GenerateChunk(refusal=pb.Refusal(code=FINISH_REVOKED, detail="taken back unstarted", retryable=True))
 
 
 def _last_chunk(running: _Running, response: AsgiResponse, data: bytes = b"", head: bool = False) -> pb.GenerateChunk:

@@ -49,6 +49,7 @@ class Request:
     path: tuple[tuple[str, float], ...] = ()  # its tenant's tree nodes and their weights at dispatch
     predicted_wait: float | None = None  # its first-token wait as predicted at submission (objective classes)
     urgent: bool = False  # its class enforces a first-token objective (placed past queues and the KV reserve)
+    held: float = 0.0  # cost charged at its dispatch while it has not started (kept under revoke)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -87,12 +88,14 @@ class Tenant:
     submitted: int = 0
     rejected: int = 0
     finished: int = 0
+    revoked: int = 0  # its requests taken back unstarted from an engine for a less served tenant (revoke)
     output_tokens: int = 0  # generated for this tenant, as the workers reported them
     prompt_tokens: int = 0  # of its requests that started, and of those the engines found cached
     cached_tokens: int = 0
     parent: str = ""
     ancestors: tuple[Any, ...] = ()  # TreeNode records, nearest first (kept by the tree, not saved)
     outgrown: int = 0  # the most output any of its requests in flight reached past its footprint
+    unstarted: float = 0.0  # of ``counter``, charged for requests its engines hold unstarted (kept under revoke)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -105,12 +108,14 @@ class Tenant:
             "in_flight": self.in_flight,
             "submitted": self.submitted,
             "rejected": self.rejected,
+            "revoked": self.revoked,
             "finished": self.finished,
             "output_tokens": self.output_tokens,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "parent": self.parent,
             "outgrown": self.outgrown,
+            "unstarted": self.unstarted,
         }
 
     @classmethod
@@ -127,10 +132,12 @@ class Tenant:
             in_flight=int(data["in_flight"]),
             submitted=int(data["submitted"]),
             rejected=int(data["rejected"]),
+            revoked=int(data.get("revoked", 0)),
             finished=int(data["finished"]),
             output_tokens=int(data.get("output_tokens", 0)),
             prompt_tokens=int(data.get("prompt_tokens", 0)),
             cached_tokens=int(data.get("cached_tokens", 0)),
             parent=str(data.get("parent", "")),
             outgrown=int(data.get("outgrown", 0)),
+            unstarted=float(data.get("unstarted", 0.0)),
         )

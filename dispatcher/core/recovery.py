@@ -57,9 +57,12 @@ class WorkerRecovery:
         """An assigned request that never started (its worker died, or its caller could not reach the
         worker) goes back to the head of its tenant's queue with its dispatch charge refunded."""
         req = self.state.in_flight.get(request_id)
+        taken_back = self.revoking.pop(request_id, None) is not None  # its caller may ask before its worker says
         if req is None or req.started:
             return False
+        self._unhold(req)
         t = self.tenants[req.tenant]
+        t.revoked += taken_back
         before = self._key_if_waiting(t)
         del self.state.in_flight[request_id]
         t.in_flight -= 1

@@ -37,6 +37,7 @@ from dispatcher.core.reasons import (
     REJECT_TOO_LARGE,
 )
 from dispatcher.core.recovery import WorkerRecovery
+from dispatcher.core.revocation import Revocation
 from dispatcher.core.scheduler_config import SchedulerConfig
 from dispatcher.core.scheduler_state import SchedulerState
 from dispatcher.core.scheduler_views import SchedulerViews
@@ -59,7 +60,9 @@ class Assignment(NamedTuple):
     worker_id: str
 
 
-class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutOfOrderPicks, ObjectiveEnforcement):
+class FairScheduler(
+    TenantBook, Settlement, WorkerRecovery, Revocation, SchedulerViews, OutOfOrderPicks, ObjectiveEnforcement
+):
     """Per-tenant queues and counters, the waiting set and the worker table, under one policy."""
 
     def __init__(
@@ -96,6 +99,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             self.workers.reserve = self.config.objective_reserve
         self.urgent_waiting: dict[str, Tenant] = {}  # leaves that may hold urgent requests (pruned lazily)
         self.last_shed: ObjectiveMiss | None = None  # the latest request shed by its class (its answer says why)
+        self.revoking: dict[str, str] = {}  # request id -> worker: asked to take it back, no answer yet
 
     @property
     def tenants(self) -> dict[str, Tenant]:
@@ -373,6 +377,7 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
         else:
             self._take(t, req)
         predicted = self.policy.predict(t, req)  # output charged ahead, with the prompt
+        counter_before = t.counter
         n_p = req.prompt_tokens
         self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
         req.predicted = req.charged_output = predicted
@@ -384,6 +389,8 @@ class FairScheduler(TenantBook, Settlement, WorkerRecovery, SchedulerViews, OutO
             self.ledger.account_cached(t, 0, req.cached, t.weight)
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
+        if self.config.revoke:
+            self._hold(t, req, counter_before)
         if self.quotas:
             self.quotas.hold(req.id, self.quota_names(t), self._most(req.prompt_tokens, req.max_tokens), now)
         req.priority = round(PRIORITY_SCALE * t.in_flight / t.weight)  # its tenant's share of what runs

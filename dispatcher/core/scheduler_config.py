@@ -36,6 +36,8 @@ class SchedulerConfig:
     default); they, like a tenant tree, need a policy that orders by counters (``FairnessPolicy.tree``).
     ``objective_reserve``: while a class enforces its first-token objective, the share of each engine's
     KV pool that only its requests may start into (``WorkerTable.place``).
+    ``revoke``: take back requests an engine holds unstarted from tenants more served than the one
+    that waits with nowhere to go (``dispatcher.core.revocation``).
     """
 
     policy: str = "vtc"
@@ -51,6 +53,7 @@ class SchedulerConfig:
     max_queue_s: float | None = None
     classes: tuple[RequestClass, ...] = ()
     objective_reserve: float = 0.1
+    revoke: bool = False
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy, self.seed)  # refuses unknown ones
@@ -89,6 +92,7 @@ class SchedulerConfig:
             max_queue_s=_optional(data.get("max_queue_s"), float),
             classes=tuple(RequestClass.from_dict(c) for c in data.get("classes") or ()),
             objective_reserve=float(data.get("objective_reserve", 0.1)),
+            revoke=bool(data.get("revoke", False)),
         )
 
 

@@ -119,6 +119,7 @@ class SchedulerViews:
                     "in_flight": t.in_flight,
                     "submitted": t.submitted,
                     "rejected": t.rejected,
+                    "revoked": t.revoked,
                     "finished": t.finished,
                     "output_tokens": t.output_tokens,
                     "prompt_tokens": t.prompt_tokens,

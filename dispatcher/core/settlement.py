@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dispatcher.core.model import Request, Tenant
+from dispatcher.core.reasons import FINISH_REVOKED
 
 
 class Settlement:
@@ -68,10 +69,16 @@ class Settlement:
                 slot.waiting = waiting
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
-        """A request ended on its worker: settle its charges and free its reservation."""
+        """A request ended on its worker: settle its charges and free its reservation. One its worker
+        took back unstarted (``revoked``) waits again instead (``settle_revoked``): None."""
+        if reason == FINISH_REVOKED:  # it did not end: it waits again (or, started, it runs on)
+            self.settle_revoked(request_id)
+            return None
+        self.revocation_answered(request_id)
         req = self.state.in_flight.get(request_id)
         if req is None:
             return None
+        self._unhold(req)
         if output_tokens > req.output_tokens:
             self.on_report(req.worker or "", {request_id: output_tokens - req.output_tokens})
         del self.state.in_flight[request_id]
@@ -107,6 +114,7 @@ class Settlement:
 
     def _mark_started(self, req: Request, prompt_tokens: int, cached: int | None = None) -> None:
         req.started = True
+        self._unhold(req)
         slot = self.workers.slots.get(req.worker or "")
         if cached is not None:
             self._correct_cached(req, cacheable(cached, prompt_tokens))

@@ -38,6 +38,7 @@ class Snapshottable(Protocol):
     prefixes: PrefixIndex
     lengths: MovingAveragePredictor
     urgent_waiting: dict[str, Tenant]
+    revoking: dict[str, str]
 
     def waiting_tenants(self) -> list[str]: ...
 
@@ -50,6 +51,7 @@ _DURABLE_FIELDS = (
     "lifted",
     "submitted",
     "rejected",
+    "revoked",
     "finished",
     "output_tokens",
     "prompt_tokens",
@@ -75,6 +77,7 @@ def snapshot(s: Snapshottable) -> dict[str, Any]:
         "resumed": sorted(state.resumed),
         "prefixes": s.prefixes.snapshot(),
         "lengths": s.lengths.snapshot(),
+        "revoking": dict(s.revoking),
     }
 
 
@@ -97,6 +100,7 @@ def restore_snapshot(s: Snapshottable, data: Mapping[str, Any]) -> None:
     state.index_queues()
     s.urgent_waiting = {t.name: t for t in state.tenants.values() if any(r.urgent for r in t.queue)}
     state.in_flight = {r["id"]: request_from_dict(r) for r in data["in_flight"]}
+    s.revoking = dict(data.get("revoking", {}))
     s.tree.restore_waiting(data["tree"])
     state.next_seq = int(data["next_seq"])
     state.restore_longest(data["longest"])

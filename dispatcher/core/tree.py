@@ -52,6 +52,7 @@ class TreeNode:
     service: float = 0.0
     lifted: float = 0.0
     implicit: bool = False  # a tenant's own node, holding its request classes
+    unstarted: float = 0.0  # of ``counter``, charged for requests engines hold unstarted (kept under revoke)
     kids: dict[str, Tenant | TreeNode] = field(default_factory=dict)
     waiting: WaitingSet | None = None
     last_left: str | None = None
@@ -65,6 +66,7 @@ class TreeNode:
             "service": self.service,
             "lifted": self.lifted,
             "implicit": self.implicit,
+            "unstarted": self.unstarted,
         }
 
 
@@ -283,6 +285,7 @@ class TenantTree:
             name, parent, implicit = str(row["name"]), str(row.get("parent", ROOT)), bool(row.get("implicit"))
             node = self.set_node(name, parent, float(row["weight"]), implicit)
             node.counter, node.service, node.lifted = float(row["counter"]), float(row["service"]), float(row["lifted"])
+            node.unstarted = float(row.get("unstarted", 0.0))
 
     def restore_waiting(self, data: Mapping[str, Any]) -> None:
         for name, entries in data["waiting"].items():

@@ -50,6 +50,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sb.add_argument("--arms", default="queue,shed,downgrade", help="comma-separated: queue, shed, downgrade")
     sb.add_argument("--json", default=None, help="also write the figures to this file")
     sb.set_defaults(bench=_slo)
+    rb = targets.add_parser("revoke", help="revocation by over-service against none, on full engines (simulated)")
+    rb.add_argument("--seconds", type=float, default=600.0, help="simulated seconds of traffic per seed")
+    rb.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated workload seeds (both arms on each)")
+    rb.add_argument("--max-running", type=int, default=16, help="the engines' batch limit (large: KV-bound engines)")
+    rb.add_argument("--kv-tokens", type=int, default=20_000, help="each engine's KV pool, in tokens")
+    rb.add_argument("--json", default=None, help="also write the figures to this file")
+    rb.set_defaults(bench=_revoke)
     qb = targets.add_parser("quota", help="quotas across 4 ingress replicas and a dispatcher SIGKILL; demote")
     qb.add_argument("--clients", type=int, default=4, help="closed loops per flooding key")
     qb.add_argument("--log", default=None, help="write the gateway's output to this file")
@@ -246,6 +253,25 @@ def _slo(args: argparse.Namespace) -> int:
         raise UsageError(f"--seconds must be at least {2 * WARMUP_S:g}")
     r = bench_slo(args.seconds, args.seed, arms)
     print(format_slo(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_revoke import RevokeBenchConfig, bench_revoke, format_revoke
+
+    seeds = positive_ints(args.seeds, "--seeds")
+    if args.seconds <= 0 or args.max_running < 1 or args.kv_tokens < 1024:
+        raise UsageError("--seconds and --max-running must be positive, --kv-tokens at least 1024")
+    config = RevokeBenchConfig(
+        seeds=tuple(seeds), duration_s=args.seconds, max_running=args.max_running, kv_tokens=args.kv_tokens
+    )
+    r = bench_revoke(config)
+    print(format_revoke(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0

@@ -87,6 +87,7 @@ def start_deploy(
     engine_queue: int = 8,
     ingress: dict[str, Any] | None = None,
     quotas: list[dict[str, Any]] | None = None,
+    revoke: bool = False,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -98,7 +99,8 @@ def start_deploy(
     ``tree`` / ``classes``: the tenant tree and request classes; ``tenant_fields``: tenant -> more of
     its configuration (``parent``, ``classes``). ``engine_queue``: requests that may wait inside an
     engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue).
-    ``ingress``: more of the ingress section; ``quotas``: token quotas."""
+    ``ingress``: more of the ingress section; ``quotas``: token quotas; ``revoke``: revocation by
+    over-service."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -142,6 +144,8 @@ def start_deploy(
         raw["tree"] = tree
     if quotas is not None:
         raw["quotas"] = quotas
+    if revoke:
+        raw["revoke"] = True
     if classes is not None:
         raw["classes"] = classes
     if models is not None:
@@ -275,3 +279,51 @@ def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
                 (sample.name, sample.labels.get("tenant", sample.labels.get("worker", sample.labels.get("node", ""))))
             ] = sample.value
     return out
+
+
+async def flood_loop(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, results: list) -> None:
+    """One client of a flood with short prompts and long answers (what a request waiting in an
+    engine's queue holds of its tenant's counter is its prompt: the flood's running output soon
+    passes it, and a light tenant waiting then may take it back)."""
+    while not stop.is_set():
+        r = await client.completions.create(
+            model=model, prompt="hi", max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
+        )
+        results.append(r.usage.completion_tokens)
+
+
+def revocation_run(gw: Gateway, flood_clients: int = 6, light_requests: int = 6) -> dict[str, Any]:
+    """Alice floods (more clients than the engine's batch and queue hold); once she fills them, bob
+    sends short requests one at a time. Every request must be served in full, and the dispatcher's
+    books must count each of alice's once: returns the dispatcher's stats once nothing is in flight."""
+    c = clients(gw)
+    model = gw.config.model
+
+    async def scenario() -> tuple[list, list]:
+        stop = asyncio.Event()
+        flood: list = []
+        tasks = [asyncio.create_task(flood_loop(c["alice"], model, stop, flood)) for _ in range(flood_clients)]
+        await asyncio.sleep(3.0)  # alice's requests fill the batch and the engine's queue
+        light = []
+        for _ in range(light_requests):
+            r = await c["bob"].completions.create(
+                model=model, prompt="How is a request taken back?", max_tokens=4, extra_body={"ignore_eos": True}
+            )
+            light.append(r.usage.completion_tokens)
+            await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return flood, light
+
+    flood, light = asyncio.run(scenario())
+    assert light == [4] * light_requests
+    assert flood and all(r == MAX_TOKENS for r in flood), [r for r in flood if r != MAX_TOKENS][:3]
+    deadline = time.monotonic() + 10.0
+    while (stats := gw.stats())["tenants"]["alice"]["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.1)  # the last finish reports on their way
+    alice, bob = stats["tenants"]["alice"], stats["tenants"]["bob"]
+    assert alice["revoked"] >= 1, alice  # taken back from the engine, and served later
+    assert alice["finished"] == len(flood) and alice["in_flight"] == 0 and alice["queued"] == 0, alice
+    assert alice["output_tokens"] == sum(flood)  # each ran once: what the clients got is what was counted
+    assert sum(w["prompt_tokens"] for w in stats["workers"]) == alice["prompt_tokens"] + bob["prompt_tokens"]
+    return stats

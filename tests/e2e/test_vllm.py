@@ -22,7 +22,7 @@ from workers.engines.vllm.prompts import HuggingFacePrompts
 from workers.engines.vllm.reference_server import vllm_server
 from workers.engines.vllm.settings import VllmSettings
 
-from .gateway_helpers import MAX_TOKENS, Gateway, holds_nothing, overload, start_deploy
+from .gateway_helpers import MAX_TOKENS, Gateway, holds_nothing, overload, revocation_run, start_deploy
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +32,22 @@ KV_TOKENS = 1024
 SERVE_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic", "--enable-prompt-tokens-details"]
 VLLM = {"model": "tiny", "kv_tokens": KV_TOKENS, "block_size": 32, "serve_args": SERVE_ARGS}
 LOAD = {"alice": 25, "bob": 50}  # closed-loop clients: more than the engine runs, queues and over-commits
+# a batch of two: vLLM's own waiting queue holds what the dispatcher sent beyond it (revocation's case)
+VLLM_SMALL_BATCH = {**VLLM, "max_num_seqs": 2}
 
 
 @pytest.fixture(scope="module")
 def engines(serve_port, tmp_path_factory):
-    """Every engine of the module, started at once: the gateways under VTC and under FCFS, and vLLM's
-    own OpenAI server with the same model, engine and serving settings as the gateways' workers."""
+    """Every engine of the module, started at once: the gateways under VTC and under FCFS, one with
+    revocation on a batch of two, and vLLM's own OpenAI server with the same model, engine and serving
+    settings as the gateways' workers."""
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as pool:
         alone = pool.submit(stack.enter_context, vllm_server(VllmSettings.from_dict(VLLM), "tiny", free_port(), log))
         starting = {p: start_deploy(f"vllm-{p}", serve_port, policy=p, workers=1, vllm=VLLM) for p in ("vtc", "fcfs")}
+        starting["revoke"] = start_deploy(
+            "vllm-revoke", serve_port, workers=1, vllm=VLLM_SMALL_BATCH, tenants=("alice", "bob"), revoke=True
+        )
         try:
             yield {**{p: d.ready() for p, d in starting.items()}, "alone": alone.result()}
         finally:
@@ -335,6 +341,13 @@ def test_fcfs_in_front_of_vllm_does_not_equalise(runs):
 
 def test_light_tenant_is_served_sooner_under_vtc(runs):
     assert statistics.mean(runs["vtc"][1]) < statistics.mean(runs["fcfs"][1])
+
+
+def test_a_request_vllm_holds_unstarted_is_taken_back_for_a_light_tenant_and_served_later_once(engines):
+    """Revocation with vLLM: alice's request waiting in vLLM's own queue is aborted there before its
+    prefill, put back in alice's queue, and served later; bob goes first; nothing runs or is charged
+    twice (``revocation_run`` checks the books)."""
+    revocation_run(engines["revoke"])
 
 
 def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):

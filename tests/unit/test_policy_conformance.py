@@ -94,6 +94,7 @@ KINDS = (
     + ["assign"] * 4
     + ["step"] * 8
     + ["cancel", "abort", "race", "requeue", "resubmit", "join", "drain", "leave", "bounce", "weight", "restart"]
+    + ["revoke"] * 2
     + ["wait"] * 2
 )
 events = st.lists(
@@ -117,6 +118,7 @@ class Driver:
             max_queue_s=60.0,
             seed=7,
             classes=CLASSES if tree else (),
+            revoke=True,
         )
         self.s = FairScheduler(config)
         self.key_weights = dict(WEIGHTS)  # what the registry says (a key with classes: its node's)
@@ -261,6 +263,21 @@ class Driver:
         rid = self._unstarted(pick)
         if rid is not None:
             assert self.s.requeue(rid)
+            self.where[rid] = "queued"
+
+    def _revoke(self, seed: int) -> None:
+        """The scheduler asks for requests back; each worker answers: taken back (its engine had not
+        started it) or, one time in three, started first (its start report comes with its next step).
+        A request taken back waits again: it is never in flight twice, and its next run is its only one."""
+        s = self.s
+        for rid, wid in s.revocations():
+            req = s.in_flight()[rid]
+            assert not req.started and req.worker == wid
+            if (seed + int(rid[1:])) % 3 == 0:
+                s.revocation_answered(rid)
+                continue
+            assert s.on_finish(rid, 0, "revoked", self.now) is None
+            assert rid not in s.in_flight() and s.is_queued(rid)
             self.where[rid] = "queued"
 
     def _join(self, wid: str) -> None:

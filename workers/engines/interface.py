@@ -116,6 +116,12 @@ class EngineRunner(Protocol):
         """Stop a request; its stream ends with a delta whose finish reason is "abort"."""
         ...
 
+    def revoke(self, request_id: str) -> bool:
+        """Take back a request the engine holds but has not started: True when it never will (its
+        stream ends without output and no report says it finished: the worker says so); False when it
+        started or is not here."""
+        ...
+
     def has_work(self) -> bool: ...
 
     def healthy(self) -> bool:

@@ -33,9 +33,10 @@ class VirtualTokenCounter(FairnessPolicy):
 
     def rejoin(self, tenant: Tenant, floor: Callable[[], Tenant | None]) -> None:
         least = floor()
-        if least is not None and least.counter > tenant.counter:
-            tenant.lifted += least.counter - tenant.counter
-            tenant.counter = least.counter
+        level = None if least is None else least.counter - least.unstarted  # service it has begun to get
+        if level is not None and level > tenant.counter:
+            tenant.lifted += level - tenant.counter
+            tenant.counter = level
 
     def bound(self, u: float) -> float | None:
         return 2.0 * u

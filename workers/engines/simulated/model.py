@@ -146,6 +146,18 @@ class SimulatedEngine:
             self._forget(req, "abort", self._finished_outside_step)
         return True
 
+    def revoke(self, request_id: str) -> bool:
+        """Take back a request this engine holds but has never started: it leaves the waiting queue at
+        once and never runs here; the caller reports it (no step does). False when it started (a
+        preempted one included: it ran) or is not here."""
+        req = self._by_id.get(request_id)
+        if req is None or req.aborted or req.ever_started or req not in self.waiting:
+            return False
+        self.waiting.remove(req)
+        self._release(req)
+        del self._by_id[request_id]
+        return True
+
     def begin_step(self) -> float | None:
         """Plan the next step and return its duration, or None when there is nothing to do."""
         if self._plan is not None:

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from common.prefix_hashes import block_hashes
+from dispatcher.core.reasons import FINISH_REVOKED
 from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCallback, StepReport
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
@@ -46,6 +47,14 @@ class SimulatedRunner:
     def abort(self, request_id: str) -> None:
         if self.engine.abort(request_id):
             self._wake.set()
+
+    def revoke(self, request_id: str) -> bool:
+        queue = self._queues.get(request_id)
+        if queue is None or not self.engine.revoke(request_id):
+            return False
+        queue.put_nowait((0, FINISH_REVOKED))
+        del self._queues[request_id]  # its stream's end aborts nothing: the engine no longer has it
+        return True
 
     async def openai_app(self) -> ASGIApp:
         from workers.engines.simulated.openai_layer import build_openai_app

@@ -56,6 +56,8 @@ class VllmRunner:
         self._active: set[str] = set()  # submitted and not yet finished
         self._reached: set[str] = set()  # handed to the engine, until the worker asks
         self._engine_ids: dict[str, str] = {}  # admitted id -> the id vLLM's serving layer gave it
+        self._begun: set[str] = set()  # active requests whose first output came (they started)
+        self._revoked: set[str] = set()  # taken back before vLLM scheduled them: nothing to report
         self._free_blocks = 0
         self._running = 0
         self._waiting = 0
@@ -131,6 +133,18 @@ class VllmRunner:
             engine_id = self._engine_ids.get(request_id, request_id)
             asyncio.get_running_loop().create_task(self.llm.abort(engine_id))
 
+    def revoke(self, request_id: str) -> bool:
+        """Take back a request vLLM holds in its waiting queue: no output yet and its scheduler has not
+        taken it (its prefill not begun). Aborted in the engine; its stream ends without a report."""
+        if request_id not in self._active or request_id in self._begun or self.llm is None:
+            return False
+        engine_id = self._engine_ids.get(request_id, request_id)
+        if self.scheduled_prompt_tokens(engine_id):
+            return False
+        self._revoked.add(request_id)
+        asyncio.get_running_loop().create_task(self.llm.abort(engine_id))
+        return True
+
     async def generate(self, request_id: str, params: GenerationParams) -> AsyncIterator[Delta]:
         """Profiling and benchmarks drive the engine directly (no OpenAI layer): deltas of the text."""
         from vllm import SamplingParams
@@ -172,7 +186,11 @@ class VllmRunner:
         finished = False
         try:
             async for out in stream:
+                if request_id in self._revoked:  # taken back: until vLLM's abort output, nothing is counted
+                    yield out
+                    continue
                 pending = self._pending
+                self._begun.add(request_id)
                 if not prompt_tokens:
                     prompt_tokens = len(out.prompt_token_ids or ()) * choices
                     pending.started[request_id] = prompt_tokens
@@ -187,9 +205,14 @@ class VllmRunner:
                     self._finish(request_id, generated, _finish_reason(reasons[0] if reasons else None, True) or "stop")
                 yield out
         finally:
+            self._begun.discard(request_id)
+            if request_id in self._revoked:  # taken back: the worker reported it, vLLM drops it
+                self._revoked.discard(request_id)
+                self._active.discard(request_id)
+                finished = True
             if not finished:  # the caller left (or the engine failed): stop generating now
                 if not prompt_tokens:  # prefilled, though no output reached us: the prompt stays charged
-                    scheduled = self.scheduled_prompt_tokens(request_id) * choices
+                    scheduled = self.scheduled_prompt_tokens(self._engine_ids.get(request_id, request_id)) * choices
                     if scheduled:
                         self._pending.started[request_id] = scheduled
                 if self.llm is not None:
@@ -215,7 +238,11 @@ class VllmRunner:
         done), else 0. A caller that leaves between the prefill and the first output must not get the
         prompt back: the GPU did that work."""
         processor = getattr(self.llm, "output_processor", None)
-        state = getattr(processor, "request_states", {}).get(request_id)
+        states = getattr(processor, "request_states", {})
+        state = states.get(request_id)  # by vLLM's internal id, else by the serving layer's (external)
+        for internal in () if state is not None else getattr(processor, "external_req_ids", {}).get(request_id, ()):
+            state = states.get(internal)
+            break
         stats = getattr(state, "stats", None)
         return int(state.prompt_len) if stats is not None and stats.scheduled_ts else 0
 

@@ -1,0 +1,155 @@
+"""Revocation by over-service in the core: what is taken back, for whom, and that a request taken back
+is neither run twice nor charged twice (docs/architecture.md, "Revocation")."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from dispatcher.core import FairScheduler, make_policy, unit_u
+from dispatcher.core.reasons import FINISH_REVOKED
+from loadgen.bench_revoke import RevokeBenchConfig, bench_revoke, count_starts, format_revoke
+from loadgen.simulator import Simulation, SimulationConfig
+from tests.unit.schedulers import make
+from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, workload_of
+
+
+def flooded(revoke: bool = True, tree: bool = False) -> FairScheduler:
+    """One worker running A's first request, A's next two queued inside its engine (assigned, not
+    started), A's other three waiting in the dispatcher."""
+    s = make(revoke=revoke, max_engine_waiting=2)
+    if tree:
+        s.set_node("org-a", None, 1.0)
+        s.set_node("org-b", None, 1.0)
+    s.add_tenant("A", 1.0, "org-a" if tree else None)
+    s.add_tenant("B", 1.0, "org-b" if tree else None)
+    s.worker_join("w", kv_tokens=10_000, max_running=1)
+    for i in range(6):
+        s.submit(f"a{i}", "A", 100, 50, 0.0)
+    assert [a.request.id for a in s.assign(0.0)] == ["a0", "a1"]  # a1 waits in the engine's queue
+    s.on_report("w", {"a0": 1}, started={"a0": 100}, running=1, waiting=1)
+    s.workers["w"].turnover = 1.0  # the engine's queue grows two deep
+    assert [a.request.id for a in s.assign(0.1)] == ["a2"]
+    return s
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["flat", "tree"])
+def test_a_newcomer_takes_back_the_newest_unstarted_requests_of_the_tenant_ahead_of_it(tree):
+    s = flooded(tree=tree)
+    s.submit("b0", "B", 100, 50, 0.2)
+    assert s.assign(0.2) == []  # the engine's queue is full
+    a = s.tenants["A"]
+    before = a.counter
+    taken = s.revocations()
+    assert taken == [("a2", "w")]  # a1 stays: with both back, A would be level with B, not ahead
+    assert s.revocations() == []  # one round out at a time
+    assert s.on_finish("a2", 0, FINISH_REVOKED, 0.3) is None
+    assert a.counter == pytest.approx(before - 100)  # its dispatch charge refunded
+    assert a.revoked == 1 and s.is_queued("a2") and "a2" not in s.in_flight()
+    assert [x.request.id for x in s.assign(0.3)] == ["b0"]  # B goes in ahead of A's taken request
+    assert s.next_in_line().id == "a2"  # back at the head of A's queue
+
+
+def test_nothing_is_taken_back_with_revocation_off_or_for_the_same_tenant():
+    off = flooded(revoke=False)
+    off.submit("b0", "B", 100, 50, 0.2)
+    off.assign(0.2)
+    assert off.revocations() == []
+    alone = flooded()
+    assert alone.revocations() == []  # only A waits: nothing is taken from it for itself
+
+
+def test_a_request_that_started_before_the_answer_runs_and_is_charged_once():
+    s = flooded()
+    s.submit("b0", "B", 100, 50, 0.2)
+    s.assign(0.2)
+    assert s.revocations() == [("a2", "w")]
+    s.on_report("w", {"a2": 1}, started={"a2": 100})  # the engine started it first: the worker says no
+    assert not s.revoking  # the round is over
+    assert s.on_finish("a2", 0, FINISH_REVOKED, 0.3) is None  # a stray answer changes nothing
+    assert "a2" in s.in_flight() and s.tenants["A"].revoked == 0
+    for rid in ("a0", "a1", "a2"):
+        s.on_report("w", {}, started={rid: 100})
+        s.on_finish(rid, 50, "length", 1.0)
+    a = s.tenants["A"]
+    assert a.counter == pytest.approx(a.service / a.weight + a.lifted)
+
+
+def test_a_request_taken_back_is_charged_once_for_what_it_ran_when_it_runs_again():
+    s = flooded()
+    s.submit("b0", "B", 100, 50, 0.2)
+    s.assign(0.2)
+    s.revocations()
+    s.on_finish("a2", 0, FINISH_REVOKED, 0.3)
+    s.assign(0.3)
+    for rid in ("a0", "a1"):
+        s.on_report("w", {}, started={rid: 100})
+        s.on_finish(rid, 50, "length", 1.0)
+    out = s.assign(1.0)
+    assert "a2" in [x.request.id for x in out]
+    s.on_report("w", {"a2": 50}, started={"a2": 100})
+    s.on_finish("a2", 50, "length", 2.0)
+    a = s.tenants["A"]
+    assert a.finished == 3 and a.service == pytest.approx(3 * (100 + 2 * 50))
+    assert a.counter == pytest.approx(a.service / a.weight + a.lifted)
+
+
+def test_a_comer_back_is_lifted_to_what_the_least_served_has_started_not_to_what_engines_hold():
+    s = flooded()
+    a = s.tenants["A"]
+    assert a.unstarted == pytest.approx(200)  # a1 and a2, 100 each, held while they have not started
+    s.submit("b0", "B", 100, 50, 0.2)
+    assert s.tenants["B"].counter == pytest.approx(a.counter - 200)
+    off = flooded(revoke=False)
+    off.submit("b0", "B", 100, 50, 0.2)
+    assert off.tenants["B"].counter == pytest.approx(off.tenants["A"].counter)  # today's lift
+
+
+def test_a_snapshot_keeps_what_is_held_and_the_round_out():
+    s = flooded()
+    s.submit("b0", "B", 100, 50, 0.2)
+    s.assign(0.2)
+    s.revocations()
+    twin = FairScheduler.from_snapshot(s.snapshot())
+    assert twin.revoking == s.revoking
+    assert twin.tenants["A"].unstarted == pytest.approx(s.tenants["A"].unstarted)
+    twin.on_finish("a2", 0, FINISH_REVOKED, 0.3)
+    assert twin.is_queued("a2")
+
+
+@given(requests_strategy, st.sampled_from([1, 2, 4]))
+@example(FLOOD, 2)
+@example(BURSTS, 1)
+def test_with_revocation_the_bound_holds_nothing_starts_twice_and_the_books_balance(rows, max_running):
+    """Random and adversarial workloads on engines whose batches fill (their queues hold unstarted
+    requests), revocation on: every backlogged pair inside the stated bound, each request started by
+    an engine at most once, and every counter equal to weighted service plus lifts once all settled."""
+    workload = workload_of(rows, prefixed=True)
+    sim = Simulation(
+        workload,
+        SimulationConfig(kv_tokens=POOL, drain=True, revoke=True, max_running=max_running, preempt_by="priority"),
+    )
+    starts = count_starts(sim)
+    sim.advance(float("inf"))
+    s = sim.scheduler
+    assert s.queue_depth() == 0 and not s.in_flight()
+    assert max(starts.values(), default=1) == 1
+    bound = make_policy("vtc").bound(unit_u(sim.config.cost, *workload.longest(), POOL))
+    for (f, g), gap in brute_force_max_gap(sim).items():
+        assert gap <= bound + 1e-6, (sim.recorder.tenants[f], sim.recorder.tenants[g], gap, bound)
+    for t in s.tenants.values():
+        assert t.counter == pytest.approx(t.service / t.weight + t.lifted, abs=1e-6)
+        assert t.unstarted == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_bench_runs_both_arms_on_the_same_traffic_and_reports_what_it_measured():
+    """``fairgate bench revoke``, short: both arms served the light tenant, the revoking arm took
+    requests back, none started twice, the books balance, and the figures it prints are there."""
+    result = bench_revoke(RevokeBenchConfig(seeds=(1,), duration_s=60.0))
+    off, on = result["arms"]["off"], result["arms"]["revoke"]
+    assert off["light_requests"] == on["light_requests"] > 10  # the same traffic
+    assert off["revoked"] == 0 and on["revoked"] > 0
+    assert result["ran_twice"] == 0 and result["books_balanced"] and result["bound_held"]
+    assert result["throughput_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert "light tenant's first token" in format_revoke(result)
