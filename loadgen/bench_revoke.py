@@ -8,6 +8,9 @@ Each seed's workload runs twice, revocation off and on, through the same core an
 figures per arm are medians over the seeds:
 
 - the light tenant's first-token times (p50, p99, mean) and the ratio off / on of each;
+- a ceiling no taking back can pass, from the arm without it: each light request's first token had it
+  gone into the first batch slot to open on any engine after it arrived, at once (the step after that
+  slot opened): what any dispatcher can give without preempting running requests;
 - throughput (tokens served per second) and its ratio on / off;
 - the largest service gap between backlogged tenants against the bound the scheduler states;
 - requests taken back; ``ran_twice``: requests an engine started more than once (a preempted request
@@ -17,6 +20,7 @@ figures per arm are medians over the seeds:
 
 from __future__ import annotations
 
+import bisect
 import random
 import statistics
 from collections import Counter
@@ -27,6 +31,8 @@ from typing import Any
 from loadgen.simulator import Simulation, SimulationConfig
 from loadgen.workload import TraceRequest, Workload
 from loadgen.workloads import Phase, TenantSpec, generate
+from workers.engines.interface import StepReport
+from workers.engines.simulated import SimulatedEngine
 
 LIGHT = "light"
 FLOOD = "flood"
@@ -72,6 +78,7 @@ def run_arm(config: RevokeBenchConfig, seed: int, revoke: bool) -> dict[str, Any
     )
     sim = Simulation(workload, sim_config)
     starts = count_starts(sim)
+    slots = [_record_slots(engine, sim, config.max_running) for engine in sim.engines]
     report = sim.run().report
     sched, rec = sim.scheduler, sim.recorder
     light = rec.index[LIGHT]
@@ -80,6 +87,8 @@ def run_arm(config: RevokeBenchConfig, seed: int, revoke: bool) -> dict[str, Any
         for r in rec.requests.values()
         if r.tenant == light and r.first_token_s is not None
     )
+    arrivals = [r.arrival_s for r in rec.requests.values() if r.tenant == light]
+    ceiling = sorted(t for t in (_first_slot(a, slots) for a in arrivals) if t is not None)
     balanced = all(
         abs(t.counter - (t.service / t.weight + t.lifted)) <= 1e-6 * max(1.0, t.counter) for t in sched.tenants.values()
     )
@@ -88,6 +97,8 @@ def run_arm(config: RevokeBenchConfig, seed: int, revoke: bool) -> dict[str, Any
         "light_ttft_p99_s": _quantile(ttfts, 0.99),
         "light_ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "light_requests": len(ttfts),
+        "ceiling_ttft_p50_s": _quantile(ceiling, 0.5),
+        "ceiling_ttft_p99_s": _quantile(ceiling, 0.99),
         "throughput_tokens_per_s": report["throughput_tokens_per_s"],
         "max_gap": report["max_abs_service_diff"],
         "bound": report["bound_2u"],
@@ -96,6 +107,35 @@ def run_arm(config: RevokeBenchConfig, seed: int, revoke: bool) -> dict[str, Any
         "ran_twice": sum(1 for n in starts.values() if n > 1),
         "books_balanced": balanced and not sched.in_flight() and not sched.queue_depth(),
     }
+
+
+def _record_slots(engine: SimulatedEngine, sim: Simulation, max_running: int) -> list[tuple[float, int]]:
+    """(end time, batch slots free after it) of each of ``engine``'s steps, as the simulator ends them."""
+    steps: list[tuple[float, int]] = []
+    end_step = engine.end_step
+
+    def recorded() -> StepReport:
+        report = end_step()
+        steps.append((sim.now, max_running - report.running))
+        return report
+
+    engine.end_step = recorded  # type: ignore[method-assign]
+    return steps
+
+
+def _first_slot(arrival: float, engines: Sequence[list[tuple[float, int]]]) -> float | None:
+    """The first token of a request arriving at ``arrival`` that takes the first batch slot to open on
+    any engine: admitted in the step that begins when that slot's step ends, its token at that step's
+    end (engines busy step after step)."""
+    best = None
+    for steps in engines:
+        i = bisect.bisect_left(steps, (arrival, -1))
+        while i + 1 < len(steps) and steps[i][1] <= 0:
+            i += 1
+        if i + 1 < len(steps):
+            ttft = steps[i + 1][0] - arrival
+            best = ttft if best is None or ttft < best else best
+    return best
 
 
 def count_starts(sim: Simulation) -> Counter[str]:
@@ -125,6 +165,8 @@ def bench_revoke(config: RevokeBenchConfig | None = None) -> dict[str, Any]:
         "light_p99_ttft_ratio": _ratio(off["light_ttft_p99_s"], on["light_ttft_p99_s"]),
         "light_p50_ttft_ratio": _ratio(off["light_ttft_p50_s"], on["light_ttft_p50_s"]),
         "light_mean_ttft_ratio": _ratio(off["light_ttft_mean_s"], on["light_ttft_mean_s"]),
+        "ceiling_p50_ttft_ratio": _ratio(off["light_ttft_p50_s"], off["ceiling_ttft_p50_s"]),
+        "ceiling_p99_ttft_ratio": _ratio(off["light_ttft_p99_s"], off["ceiling_ttft_p99_s"]),
         "throughput_ratio": _ratio(on["throughput_tokens_per_s"], off["throughput_tokens_per_s"]),
         "ran_twice": sum(r["ran_twice"] for rows in runs.values() for r in rows),
         "books_balanced": all(r["books_balanced"] for rows in runs.values() for r in rows),
@@ -171,6 +213,12 @@ def format_revoke(result: Mapping[str, Any]) -> str:
         f"light tenant's first token, off / revoke: p50 {result['light_p50_ttft_ratio']:.2f}x, "
         f"p99 {result['light_p99_ttft_ratio']:.2f}x, mean {result['light_mean_ttft_ratio']:.2f}x; "
         f"throughput revoke / off {result['throughput_ratio']:.3f}"
+    )
+    off = result["arms"]["off"]
+    lines.append(
+        f"ceiling (each light request into the first batch slot to open, at once): p50 "
+        f"{off['ceiling_ttft_p50_s']:.3f} s, p99 {off['ceiling_ttft_p99_s']:.3f} s; "
+        f"off / ceiling: p50 {result['ceiling_p50_ttft_ratio']:.2f}x, p99 {result['ceiling_p99_ttft_ratio']:.2f}x"
     )
     lines.append(
         f"requests started twice: {result['ran_twice']}; books balanced: {result['books_balanced']}; "

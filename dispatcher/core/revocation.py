@@ -39,6 +39,13 @@ class Revocation:
         the fewest are taken."""
         if not self.config.revoke or self.revoking or not self.state.in_flight:
             return []
+        chosen = self._for_the_stalled() or self._for_the_queued()
+        for rid, wid in chosen:
+            self.revoking[rid] = wid
+        return chosen
+
+    def _for_the_stalled(self) -> list[tuple[str, str]]:
+        """For the policy's next tenant, waiting in the dispatcher with nowhere to go."""
         top = self.tree.pick()
         if top is None or top[2] is self.tree.spare:
             return []
@@ -67,9 +74,33 @@ class Revocation:
         if not per_worker:
             return []
         worker = min(per_worker, key=lambda w: (staying.get(w, 0), len(per_worker[w]), w))
-        for rid in per_worker[worker]:
-            self.revoking[rid] = worker
         return [(rid, worker) for rid in per_worker[worker]]
+
+    def _for_the_queued(self) -> list[tuple[str, str]]:
+        """For a request already in an engine's queue behind others' unstarted requests (an engine
+        takes its queue in the order it was given it): those of them VTC would have served after it,
+        on the first worker where there are any, for the first such request in its queue."""
+        queues: dict[str, list[Request]] = {}
+        unstarted: dict[str, list[Request]] = {}
+        for req in self.state.in_flight.values():
+            if not req.started and req.worker is not None:
+                queues.setdefault(req.worker, []).append(req)
+                unstarted.setdefault(req.tenant, []).append(req)
+        for worker in sorted(queues):
+            order = sorted(queues[worker], key=lambda r: r.handed)
+            for i, behind in enumerate(order[1:], start=1):
+                waiting = self.tenants.get(behind.tenant)
+                if waiting is None or behind.urgent:
+                    continue
+                ahead = {r.id for r in order[:i]}
+                taken = [
+                    rid
+                    for name in dict.fromkeys(r.tenant for r in order[:i])
+                    for rid in self._taken_from(self.tenants[name], unstarted[name], waiting, behind, ahead)
+                ]
+                if taken:
+                    return [(rid, worker) for rid in taken]
+        return []
 
     def over_service(self, served: Tenant, waiting: Tenant) -> float:
         """How far ``served`` is ahead of ``waiting`` in the tree's counters, compared between the two
@@ -82,23 +113,34 @@ class Revocation:
         x, y = _parting(served, waiting)
         return x.counter - y.counter
 
-    def _taken_from(self, served: Tenant, reqs: list[Request], waiting: Tenant) -> list[str]:
-        """Which of ``served``'s unstarted ``reqs`` to take back for ``waiting`` (newest first, while its
-        side, refunded, stays strictly ahead of the waiting side)."""
+    def _taken_from(
+        self,
+        served: Tenant,
+        reqs: list[Request],
+        waiting: Tenant,
+        behind: Request | None = None,
+        among: set[str] | None = None,
+    ) -> list[str]:
+        """Which of ``served``'s unstarted ``reqs`` (all of them) to take back for ``waiting``: newest
+        dispatched first, while its side, with them and every one dispatched after them refunded, stays
+        strictly ahead of the waiting side. ``behind``: the waiting tenant's request already in an
+        engine's queue behind them (the waiting side is compared without it), and ``among``: those ahead
+        of it there, the only ones that may be taken."""
         if served is waiting:
             return []
         gap = self.over_service(served, waiting)
-        newest_first = sorted((r for r in reqs if not r.urgent), key=lambda r: -r.seq)
+        newest_first = sorted(reqs, key=lambda r: -r.handed)
         if gap == math.inf:
-            return [r.id for r in newest_first]
-        a = _parting(served, waiting)[0]
-        room = gap
+            return [r.id for r in newest_first if not r.urgent and (among is None or r.id in among)]
+        a, b = _parting(served, waiting)
+        room = gap + (behind.held / b.weight if behind is not None else 0.0)
         out: list[str] = []
         for req in newest_first:
             room -= req.held / a.weight
             if room <= 0:
                 break
-            out.append(req.id)
+            if not req.urgent and (among is None or req.id in among):
+                out.append(req.id)
         return out
 
     def settle_revoked(self, request_id: str) -> bool:
@@ -111,6 +153,9 @@ class Revocation:
             self.revocation_answered(request_id)
             return False
         self.revoking[request_id] = req.worker or ""  # a revocation, whoever asked for it: counted
+        slot = self.workers.get(req.worker or "")
+        if slot is not None and slot.waiting > 0:  # its engine holds one fewer (an idle one reports no more)
+            slot.waiting -= 1
         return self.requeue(request_id)
 
     def revocation_answered(self, request_id: str) -> None:

@@ -389,6 +389,8 @@ class FairScheduler(
             self.ledger.account_cached(t, 0, req.cached, t.weight)
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
         req.worker, req.dispatched_at = slot.id, now
+        req.handed = self.state.next_seq
+        self.state.next_seq += 1
         if self.config.revoke:
             self._hold(t, req, counter_before)
         if self.quotas:

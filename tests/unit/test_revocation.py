@@ -15,10 +15,10 @@ from tests.unit.schedulers import make
 from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, workload_of
 
 
-def flooded(revoke: bool = True, tree: bool = False) -> FairScheduler:
+def flooded(revoke: bool = True, tree: bool = False, engine_waiting: int = 2) -> FairScheduler:
     """One worker running A's first request, A's next two queued inside its engine (assigned, not
-    started), A's other three waiting in the dispatcher."""
-    s = make(revoke=revoke, max_engine_waiting=2)
+    started), A's other three waiting in the dispatcher; its queue may grow to ``engine_waiting``."""
+    s = make(revoke=revoke, max_engine_waiting=engine_waiting)
     if tree:
         s.set_node("org-a", None, 1.0)
         s.set_node("org-b", None, 1.0)
@@ -152,4 +152,16 @@ def test_the_bench_runs_both_arms_on_the_same_traffic_and_reports_what_it_measur
     assert off["revoked"] == 0 and on["revoked"] > 0
     assert result["ran_twice"] == 0 and result["books_balanced"] and result["bound_held"]
     assert result["throughput_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert off["ceiling_ttft_p50_s"] < off["light_ttft_p50_s"]  # the first slot to open comes before the queue
     assert "light tenant's first token" in format_revoke(result)
+
+
+def test_a_request_already_queued_in_an_engine_behind_the_flood_takes_back_what_vtc_would_serve_after_it():
+    s = flooded(engine_waiting=3)
+    s.workers["w"].turnover = 1.5  # the engine's queue grows three deep: b0 goes in behind a1 and a2
+    s.submit("b0", "B", 100, 50, 0.2)
+    assert [x.request.id for x in s.assign(0.2)] == ["b0"]
+    assert s.revocations() == [("a2", "w")]  # a1 stays: with both back, A would be level with B
+    s.on_finish("a2", 0, FINISH_REVOKED, 0.3)
+    assert [x.request.id for x in s.assign(0.3)] == ["a2"]  # back into the engine, behind b0
+    assert s.revocations() == []  # and b0 is never taken back for it
