@@ -261,7 +261,7 @@ class Simulation:
                     sched.on_finish(rid, 0, FINISH_REVOKED, self.now)
                     revoked = True
                 else:
-                    sched.revocation_answered(rid)
+                    sched.revocation_answered(rid, refused=True)
             if revoked:
                 self._assign_once()
 

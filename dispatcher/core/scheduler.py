@@ -22,6 +22,7 @@ from dispatcher.core.classes import default_class
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant, start_need
 from dispatcher.core.objectives import ObjectiveEnforcement
+from dispatcher.core.openings import BudgetUse
 from dispatcher.core.out_of_order import OutOfOrderPicks
 from dispatcher.core.placement import make_placement
 from dispatcher.core.policies import FairnessPolicy, make_policy
@@ -82,6 +83,7 @@ class FairScheduler(
         placement.attach(self.prefixes)
         self.workers = WorkerTable(placement, self.config.max_engine_waiting, self.config.overcommit)
         self.lengths = MovingAveragePredictor()  # what each tenant's requests generate: their footprints
+        self.budget = BudgetUse()  # how much of their max_tokens they use: when running ones end
         self._slack = self.policy.locality_slack  # 0: the policy's order exactly
         self.state = SchedulerState()  # tenants, queued and in-flight requests: what recovery writes
         self._key = self.policy.key_function(self.tenants)
@@ -228,6 +230,10 @@ class FairScheduler(
                     out.append(Assignment(self._dispatch(picked_tenant, picked_req, slot, now, at_top), slot.id))
                     continue
             slot = place(req.need, req)
+            if slot is not None and self.config.revoke and not req.urgent and not slot.starts_now(req.need):
+                slot = self.place_or_wait(tenant, req)
+                if slot is None:
+                    break  # it waits here: what it is owed is taken back (``revocations``)
             if parent is self.tree.spare and slot is not None and not slot.starts_now(req.need):
                 break  # a demoted request never waits inside an engine ahead of one that comes later
             if slot is None:

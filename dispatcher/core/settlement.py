@@ -100,6 +100,7 @@ class Settlement:
         if req.started:  # an aborted request teaches too: what it generated is what it used
             self.policy.observe(req.tenant, req.output_tokens)
             self.lengths.observe(req.tenant, req.output_tokens)
+            self.budget.observe(req.tenant, req.output_tokens, req.max_tokens)
         return req
 
     def _outgrow(self, req: Request, t: Tenant, reached: int) -> None:

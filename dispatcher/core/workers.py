@@ -112,6 +112,11 @@ class WorkerTable:
         self._active = [w for w in self.slots.values() if not w.draining]
         self.largest_pool = max((w.kv_tokens for w in self._active), default=0)
 
+    @property
+    def taking_work(self) -> list[WorkerSlot]:
+        """The workers not draining."""
+        return self._active
+
     def __len__(self) -> int:
         return len(self.slots)
 
@@ -160,14 +165,19 @@ class WorkerTable:
         engine would start it now, or whose queue is short of its depth. While objectives are enforced
         (``reserve``), other requests leave that share of each pool free, and wait inside an engine only
         where it has that room (what an engine queues it starts as room frees, reserve or not)."""
-        cap, over = self.max_engine_waiting, self.overcommit
         footprint = request.footprint if request is not None and request.footprint else need
         if request is not None and request.urgent:
             return self._urgent_place(need, footprint)
-        fits = [w for w in self._active if self._takes(w, need, cap) and w.within_overcommit(footprint, over)]
+        fits = self.fits(need, footprint)
         if not fits:
             return None
         return fits[0] if len(fits) == 1 else self.placement.choose(fits, request)
+
+    def fits(self, need: int, footprint: int) -> list[WorkerSlot]:
+        """The workers a request needing ``need`` KV tokens to start, expected to reach ``footprint``,
+        may go to now (not urgent): those it starts on now, and those whose queue is short."""
+        cap, over = self.max_engine_waiting, self.overcommit
+        return [w for w in self._active if self._takes(w, need, cap) and w.within_overcommit(footprint, over)]
 
     def _takes(self, w: WorkerSlot, need: int, cap: int) -> bool:
         if not self.reserve:

@@ -186,7 +186,10 @@ class Driver:
             del self.where[req.id]
         nxt = s.next_in_line()
         if nxt is not None and s.workers.has_slack():  # work conservation (strict head of line)
-            assert s.workers.place(nxt.need, nxt) is None, f"{nxt.id} could start but waits"
+            slot = s.workers.place(nxt.need, nxt)
+            if slot is not None and s.config.revoke and not slot.starts_now(nxt.need):
+                slot = s.place_or_wait(s.tenants[nxt.tenant], nxt)  # it starts nowhere now: it may wait here
+            assert slot is None, f"{nxt.id} could start but waits"
 
     def _step(self, wid: str, seed: int) -> None:
         """One engine step of a worker, by the engine's own rule: it starts what was assigned to it, in

@@ -47,8 +47,20 @@ def test_a_newcomer_takes_back_the_newest_unstarted_requests_of_the_tenant_ahead
     assert s.on_finish("a2", 0, FINISH_REVOKED, 0.3) is None
     assert a.counter == pytest.approx(before - 100)  # its dispatch charge refunded
     assert a.revoked == 1 and s.is_queued("a2") and "a2" not in s.in_flight()
-    assert [x.request.id for x in s.assign(0.3)] == ["b0"]  # B goes in ahead of A's taken request
+    assert s.assign(0.3) == []  # B, with nothing in the engines, waits here for the first slot to open
+    assert s.next_in_line().id == "b0"  # ahead of A's taken request
+    run_to_the_end(s, "a0", 0.4)
+    s.on_report("w", {"a1": 1}, started={"a1": 100}, running=1, waiting=0)  # a1 (not taken) goes first
+    assert s.assign(0.5) == []
+    run_to_the_end(s, "a1", 0.6)
+    assert [x.request.id for x in s.assign(0.6)] == ["b0"]  # the slot a1 leaves is b0's, not a2's
     assert s.next_in_line().id == "a2"  # back at the head of A's queue
+
+
+def run_to_the_end(s: FairScheduler, rid: str, now: float) -> None:
+    """``rid``, running alone on worker w, ends at its full length; the engine says so."""
+    s.on_finish(rid, 50, "length", now)
+    s.on_report("w", {}, running=0, waiting=0)
 
 
 def test_nothing_is_taken_back_with_revocation_off_or_for_the_same_tenant():
@@ -83,15 +95,15 @@ def test_a_request_taken_back_is_charged_once_for_what_it_ran_when_it_runs_again
     s.revocations()
     s.on_finish("a2", 0, FINISH_REVOKED, 0.3)
     s.assign(0.3)
-    for rid in ("a0", "a1"):
-        s.on_report("w", {}, started={rid: 100})
-        s.on_finish(rid, 50, "length", 1.0)
-    out = s.assign(1.0)
-    assert "a2" in [x.request.id for x in out]
+    for rid in ("a0", "a1", "b0"):
+        s.on_report("w", {}, started={rid: 100}, running=1)
+        run_to_the_end(s, rid, 1.0)
+        s.assign(1.0)
+    assert "a2" in s.in_flight()
     s.on_report("w", {"a2": 50}, started={"a2": 100})
     s.on_finish("a2", 50, "length", 2.0)
     a = s.tenants["A"]
-    assert a.finished == 3 and a.service == pytest.approx(3 * (100 + 2 * 50))
+    assert a.finished == 3 and a.service - a.unstarted == pytest.approx(3 * (100 + 2 * 50))  # a3, a4 dispatched
     assert a.counter == pytest.approx(a.service / a.weight + a.lifted)
 
 
@@ -157,11 +169,65 @@ def test_the_bench_runs_both_arms_on_the_same_traffic_and_reports_what_it_measur
 
 
 def test_a_request_already_queued_in_an_engine_behind_the_flood_takes_back_what_vtc_would_serve_after_it():
-    s = flooded(engine_waiting=3)
-    s.workers["w"].turnover = 1.5  # the engine's queue grows three deep: b0 goes in behind a1 and a2
-    s.submit("b0", "B", 100, 50, 0.2)
-    assert [x.request.id for x in s.assign(0.2)] == ["b0"]
+    s = make(revoke=True, max_engine_waiting=3)
+    s.add_tenant("A", 1.0)
+    s.add_tenant("B", 1.0)
+    s.worker_join("w", kv_tokens=10_000, max_running=2)
+    s.submit("b0", "B", 100, 50, 0.0)
+    assert [x.request.id for x in s.assign(0.0)] == ["b0"]
+    s.on_report("w", {"b0": 1}, started={"b0": 100}, running=1, waiting=0)
+    for i in range(3):
+        s.submit(f"a{i}", "A", 100, 50, 0.1)
+    s.workers["w"].turnover = 1.5  # the engine's queue grows three deep
+    assert [x.request.id for x in s.assign(0.1)] == ["a0", "a1", "a2"]  # a0 starts, a1 and a2 wait in it
+    s.on_report("w", {"b0": 1, "a0": 1}, started={"a0": 100}, running=2, waiting=2)
+    s.submit("b1", "B", 100, 50, 0.2)  # B has b0 in the engine: b1 waits in its queue, behind a1 and a2
+    assert [x.request.id for x in s.assign(0.2)] == ["b1"]
     assert s.revocations() == [("a2", "w")]  # a1 stays: with both back, A would be level with B
     s.on_finish("a2", 0, FINISH_REVOKED, 0.3)
-    assert [x.request.id for x in s.assign(0.3)] == ["a2"]  # back into the engine, behind b0
-    assert s.revocations() == []  # and b0 is never taken back for it
+    assert [x.request.id for x in s.assign(0.3)] == ["a2"]  # back into the engine, behind b1
+    assert s.revocations() == []  # and b1 is never taken back for it
+
+
+def two_engines_full() -> FairScheduler:
+    """w1 runs C's long c0, w2 runs A's short a0; A's a1 waits in w2's queue (its slot opens first),
+    a2 in w1's; B's b0 has just arrived, with nothing in the engines."""
+    s = make(revoke=True, max_engine_waiting=1)
+    for name in "ABC":
+        s.add_tenant(name, 1.0)
+    s.worker_join("w1", kv_tokens=10_000, max_running=1)
+    s.worker_join("w2", kv_tokens=10_000, max_running=1)
+    for rid, tenant, prompt, longest, worker in (("c0", "C", 100, 500, "w1"), ("a0", "A", 300, 10, "w2")):
+        s.submit(rid, tenant, prompt, longest, 0.0)
+        assert [(x.request.id, x.worker_id) for x in s.assign(0.0)] == [(rid, worker)]
+        s.on_report(worker, {rid: 1}, started={rid: prompt}, running=1, waiting=0)
+    s.submit("a1", "A", 40, 10, 0.0)
+    s.submit("a2", "A", 40, 10, 0.0)
+    assert [(x.request.id, x.worker_id) for x in s.assign(0.0)] == [("a1", "w2"), ("a2", "w1")]
+    s.submit("b0", "B", 40, 10, 0.1)
+    return s
+
+
+def test_a_newcomer_waits_for_the_first_batch_slot_to_open_on_any_engine():
+    """Nothing of B's is in the engines: what it is owed is taken back on every worker, and it starts
+    where a slot opens first, not in the queue of the engine it happened to be placed on."""
+    s = two_engines_full()
+    assert s.assign(0.1) == []
+    assert sorted(s.revocations()) == [("a1", "w2"), ("a2", "w1")]
+    for rid in ("a1", "a2"):
+        s.on_finish(rid, 0, FINISH_REVOKED, 0.2)
+    assert s.assign(0.2) == []  # both queues have room, but neither engine would start it now
+    s.on_finish("a0", 10, "length", 0.3)  # w2's slot opens first
+    s.on_report("w2", {}, running=0, waiting=0)
+    assert [(x.request.id, x.worker_id) for x in s.assign(0.3)] == [("b0", "w2")]
+
+
+def test_a_request_its_engine_refused_to_give_back_is_not_asked_for_again():
+    s = two_engines_full()
+    s.assign(0.1)
+    s.revocations()
+    s.revocation_answered("a2", refused=True)  # w1 had begun it
+    s.on_finish("a1", 0, FINISH_REVOKED, 0.2)
+    a2 = s.in_flight()["a2"]
+    assert a2.refused and not a2.beyond_room and s.workers["w1"].beyond == 0  # in w1's batch, not its queue
+    assert s.revocations() == []
