@@ -64,7 +64,7 @@ def jain_index(values: Iterable[float]) -> float | None:
     square = sum(x * x for x in xs)
     if not xs or square == 0:
         return None
-    return sum(xs) ** 2 / (len(xs) * square)
+    return min(1.0, sum(xs) ** 2 / (len(xs) * square))  # rounding can pass 1 by an ulp when all are equal
 
 
 def max_min_shares(demand: Sequence[float], weights: Sequence[float], capacity: float) -> tuple[list[float], float]:
