@@ -30,6 +30,12 @@ def salted(prefix: Sequence[int], group: str) -> tuple[int, ...]:
     return tuple(h ^ salt for h in prefix)
 
 
+def for_adapter(prefix: Sequence[int], adapter: str) -> tuple[int, ...]:
+    """``prefix`` as cached under a LoRA adapter ("": the base model, unchanged): an engine keys its
+    cached blocks by adapter, so a prefix under one adapter is no hit under another."""
+    return salted(prefix, f"adapter:{adapter}") if adapter else tuple(prefix)
+
+
 def block_hashes(tokens: Sequence[int], block_tokens: int, salt: str) -> tuple[int, ...]:
     """The chained 63-bit hashes of ``tokens``' full blocks of ``block_tokens``."""
     out: list[int] = []

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loadgen.metrics import quantile
 from loadgen.simulator import Simulation, SimulationConfig
 from loadgen.workload import TraceRequest, Workload
 from loadgen.workloads import Phase, TenantSpec, generate
@@ -93,12 +94,12 @@ def run_arm(config: RevokeBenchConfig, seed: int, revoke: bool) -> dict[str, Any
         abs(t.counter - (t.service / t.weight + t.lifted)) <= 1e-6 * max(1.0, t.counter) for t in sched.tenants.values()
     )
     return {
-        "light_ttft_p50_s": _quantile(ttfts, 0.5),
-        "light_ttft_p99_s": _quantile(ttfts, 0.99),
+        "light_ttft_p50_s": quantile(ttfts, 0.5),
+        "light_ttft_p99_s": quantile(ttfts, 0.99),
         "light_ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
         "light_requests": len(ttfts),
-        "ceiling_ttft_p50_s": _quantile(ceiling, 0.5),
-        "ceiling_ttft_p99_s": _quantile(ceiling, 0.99),
+        "ceiling_ttft_p50_s": quantile(ceiling, 0.5),
+        "ceiling_ttft_p99_s": quantile(ceiling, 0.99),
         "throughput_tokens_per_s": report["throughput_tokens_per_s"],
         "max_gap": report["max_abs_service_diff"],
         "bound": report["bound_2u"],
@@ -189,10 +190,6 @@ def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
-
-def _quantile(xs: Sequence[float], q: float) -> float | None:
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
 def format_revoke(result: Mapping[str, Any]) -> str:

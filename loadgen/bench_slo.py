@@ -29,6 +29,7 @@ from typing import Any
 from dispatcher.core import unit_u
 from dispatcher.core.reasons import REJECT_OBJECTIVE
 from loadgen.bench_tree import _sibling_gap, tree_shares
+from loadgen.metrics import quantile
 from loadgen.simulator import Simulation, SimulationConfig
 from loadgen.workload import Workload
 from loadgen.workload_spec import workload_from_spec
@@ -181,15 +182,11 @@ def _interactive(sim: Simulation, seen: Outcomes, end: float) -> dict[str, Any]:
         **counts,
         "attainment": counts["met"] / counts["admitted"] if counts["admitted"] else None,
         "attainment_of_offered": counts["met"] / counts["offered"] if counts["offered"] else None,
-        "ttft_p50_s": _quantile(waits, 0.5),
-        "ttft_p99_s": _quantile(waits, 0.99),
-        "shed_answer_ms_p99": _quantile(shed_ms, 0.99),
+        "ttft_p50_s": quantile(waits, 0.5),
+        "ttft_p99_s": quantile(waits, 0.99),
+        "shed_answer_ms_p99": quantile(shed_ms, 0.99),
         "objective_views": {k: dict(v) for k, v in sim.scheduler.waits.views().items()},
     }
-
-
-def _quantile(xs: list[float], q: float) -> float | None:
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
 def _batch_shares(sim: Simulation, service: Mapping[str, float], end: float) -> list[dict[str, Any]]:

@@ -121,6 +121,11 @@ class RunSummary:
     series: dict[str, Any]
 
 
+def quantile(ordered: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of ``ordered`` (sorted), nearest rank below; None when empty."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
 def summarize(
     rec: ServiceRecorder,
     *,

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
+from common.prefix_hashes import for_adapter
 from dispatcher.core import FairScheduler, SchedulerConfig, make_policy
 from dispatcher.core.classes import default_class, leaf_name
 from dispatcher.core.costs import CostFunction, LinearCost
 from dispatcher.core.reasons import FINISH_REVOKED
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from loadgen.workload import TraceRequest, Workload
-from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
+from workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
 
 DEFAULT_KV_TOKENS = 10_000
 FRONTS = ("fairgate", "round-robin")
@@ -57,6 +58,8 @@ class SimulationConfig:
     sees_prefix: bool = True  # the dispatcher gets prompts' block hashes and cached counts (False: prefix-blind)
     ideal_cache: bool = False  # a ceiling, not an engine: every prefilled block cached on every replica, free
     revoke: bool = False  # take back unstarted requests of over-served tenants (dispatcher.core.revocation)
+    adapters: AdapterSettings | None = None  # the engines' LoRA adapter slots and load figures (None: none)
+    sees_adapters: bool = True  # the dispatcher knows each engine's adapter slots (False: adapter-blind)
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -94,6 +97,7 @@ class Simulation:
                 watermark=config.watermark,
                 prefix_caching=config.prefix_caching,
                 ideal_cache=ideal,
+                adapters=config.adapters,
             )
             for _ in range(config.replicas)
         ]
@@ -101,8 +105,11 @@ class Simulation:
         self._engine_of = {wid: e for wid, e in zip(self.worker_ids, self.engines, strict=True)}
         if config.front not in FRONTS:
             raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {config.front!r}")
+        max_loras = config.adapters.max_loras if config.adapters is not None and config.sees_adapters else None
         for wid, engine in zip(self.worker_ids, self.engines, strict=True):
-            self.scheduler.worker_join(wid, self.kv_tokens, config.max_running, watermark=engine.watermark_tokens)
+            self.scheduler.worker_join(
+                wid, self.kv_tokens, config.max_running, watermark=engine.watermark_tokens, max_loras=max_loras
+            )
         tenants = workload.tenants
         self.recorder = ServiceRecorder(
             tenants, [workload.weight(t) for t in tenants], config.cost, charge_cached=config.sees_prefix
@@ -204,6 +211,8 @@ class Simulation:
                 waiting=report.waiting,
                 cached=report.cached if self._prefix_block else None,
                 now=self.now,
+                adapters=report.adapters if self.config.sees_adapters else None,
+                host_adapters=report.host_adapters if self.config.sees_adapters else None,
             )
             ended = []
             for done in report.finished:
@@ -228,11 +237,11 @@ class Simulation:
                 self._tenant_of[rid] = r
             asked = r.max_tokens or r.output_tokens
             block = self._prefix_block
-            prefix = r.prefix if block else ()
+            prefix = for_adapter(r.prefix, r.adapter) if block else ()
             if self.config.front == "round-robin":
                 engine = self.engines[self._turn % len(self.engines)]
                 self._turn += 1
-                engine.add(self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, prefix, r.leaves))
+                engine.add(self._engine_request(rid, r.prompt_tokens, asked, r.output_tokens, r))
                 continue
             reason = sched.submit(
                 rid,
@@ -244,6 +253,7 @@ class Simulation:
                 prefix=prefix,
                 block_tokens=block,
                 klass=r.klass if classes else "",
+                adapter=r.adapter,
             )
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
@@ -266,13 +276,11 @@ class Simulation:
                 self._assign_once()
 
     def _assign_once(self) -> None:
-        requests, block = self.workload.requests, self.workload.prefix_block
+        requests = self.workload.requests
         for a in self.scheduler.assign(self.now):
             req = a.request
-            prefix = requests[int(req.id)].prefix if block else ()
-            leaves = requests[int(req.id)].leaves
             engine_req = self._engine_request(
-                req.id, req.prompt_tokens, req.max_tokens, req.true_output, prefix, leaves
+                req.id, req.prompt_tokens, req.max_tokens, req.true_output, requests[int(req.id)]
             )
             engine_req.priority = req.priority
             self._engine_of[a.worker_id].add(engine_req)
@@ -285,18 +293,19 @@ class Simulation:
         prompt_tokens: int,
         max_tokens: int,
         true_output: int | None,
-        prefix: tuple[int, ...],
-        leaves: bool,
+        trace: TraceRequest,
     ) -> EngineRequest:
+        """The engine's copy of ``trace``'s request: its prompt's block hashes are its adapter's."""
         block = self.workload.prefix_block
         return EngineRequest(
             rid,
             prompt_tokens,
             max_tokens,
             true_output or max_tokens,
-            prefix=prefix,
+            prefix=for_adapter(trace.prefix, trace.adapter) if block else (),
             prefix_block=block,
-            client_leaves=leaves,
+            client_leaves=trace.leaves,
+            adapter=trace.adapter,
         )
 
     def _send_next(self, rid: str) -> None:

@@ -29,6 +29,7 @@ class TraceRequest:
     prefix: tuple[int, ...] = ()
     klass: str = ""  # its request class ("": the default)
     leaves: bool = False  # its client goes away after ``output_tokens``, before it ends by itself
+    adapter: str = ""  # the LoRA adapter it asks for ("": the base model); its prefix is that adapter's
 
 
 @dataclass

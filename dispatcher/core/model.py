@@ -50,6 +50,7 @@ class Request:
     predicted_wait: float | None = None  # its first-token wait as predicted at submission (objective classes)
     urgent: bool = False  # its class enforces a first-token objective (placed past queues and the KV reserve)
     held: float = 0.0  # cost charged at its dispatch while it has not started (kept under revoke)
+    adapter: str = ""  # the LoRA adapter it is served with ("": the base model)
     refused: bool = False  # its engine would not give it back: begun there, its start not yet reported
     handed: int = 0  # when it was last dispatched, in the scheduler's sequence (its place in its engine's queue)
 

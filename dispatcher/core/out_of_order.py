@@ -1,16 +1,19 @@
-"""The two ways a request other than the policy's next one may go first: the locality slack (a tenant
-within Δ of the least served with a longer cached prefix, docs/architecture.md) and relaxed head-of-line (the
-next tenant whose request fits). A part of ``FairScheduler``."""
+"""The ways a request other than the policy's next one may go first: the locality slack (a tenant within
+Δ of the least served with a longer cached prefix, or whose adapter an engine's batch has room for
+while the next one's has none, docs/architecture.md) and relaxed head-of-line (the next tenant whose
+request fits). A part of ``FairScheduler``."""
 
 from __future__ import annotations
 
 from dispatcher.core.model import Request, Tenant
+from dispatcher.core.openings import steps_left
 from dispatcher.core.tree import TreeNode
 from dispatcher.core.workers import WorkerSlot
 
 LOCAL_TENANTS = 8  # locality slack: tenants looked at per decision, and requests of each
 LOCAL_WINDOW = 16
 MAX_PASSES = 8  # a head request passed over this often for a cached prefix goes next
+ADAPTER_TENANTS = 64  # adapter slack: tenants looked at while a blocked adapter waits for room
 
 
 class OutOfOrderPicks:
@@ -58,6 +61,57 @@ class OutOfOrderPicks:
         if t.queue[0] is not req:
             t.queue[0].passed += 1
         return t, req, slot
+
+    def _adapter_pick(
+        self, floor: float, top: Tenant, head: Request, parent: TreeNode
+    ) -> tuple[Tenant, Request, WorkerSlot] | None:
+        """``head`` cannot go anywhere because no engine's batch has room for its adapter (it would fit
+        otherwise): room is made for it (``_make_room``), and meanwhile the first waiting tenant in
+        order within the locality slack whose next request can go now goes (a tenant of weight w within
+        Δ / w: the bound grows by Δ, as for a cached prefix). None: no one."""
+        workers = self.workers
+        if any(w.adapter_fits(head.adapter) for w in workers.taking_work):
+            return None  # its adapter is not what holds it back
+        self._make_room(head)
+        if self._slack <= 0:
+            return None
+        slack, key, kids = self._slack, self._key, parent.kids
+        for name in parent.waiting.smallest(ADAPTER_TENANTS):  # type: ignore[union-attr]
+            t = kids[name]
+            if t is top or type(t) is TreeNode or key(name) > floor + slack / t.weight:
+                continue
+            req = self.policy.next_request(t)
+            slot = workers.place(req.need, req)
+            if slot is not None:
+                return t, req, slot
+        return None
+
+    def _make_room(self, head: Request) -> None:
+        """Of the adapters in the engines' batches, the one expected to leave its batch soonest gets no
+        more requests there (unless room is being made for ``head``'s adapter already): by its
+        requests' expected steps left (``openings.steps_left``; one not started: all of its output),
+        on a worker not making room for another. Every other adapter keeps its batch full meanwhile."""
+        workers = self.workers
+        chosen = workers.room_being_made(head.adapter)
+        if chosen is None:
+            last: dict[tuple[str, str], int] = {}
+            for req in self.state.in_flight.values():
+                slot = workers.get(req.worker or "")
+                if not req.adapter or slot is None or slot.draining or not slot.max_loras:
+                    continue
+                if head.need > slot.kv_tokens or slot.leaving:
+                    continue
+                left = (
+                    steps_left(req, self.budget)
+                    if req.started
+                    else self.budget.expected_output(req.tenant, req.max_tokens)
+                )
+                key = (slot.id, req.adapter)
+                last[key] = max(last.get(key, 0), left)
+            if not last:
+                return
+            chosen = min(last, key=lambda k: (last[k], k))
+        workers.make_room(head.adapter, *chosen)
 
     def _relaxed_pick(self, parent: TreeNode) -> tuple[Tenant, Request, WorkerSlot] | None:
         """Relaxed head-of-line: the first tenant in the policy's order whose next request fits (in a

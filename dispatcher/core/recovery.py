@@ -93,6 +93,7 @@ class WorkerRecovery:
         max_tokens: int,
         output_tokens: int,
         now: float = 0.0,
+        adapter: str = "",
     ) -> bool:
         """A worker announces a running request this scheduler does not track (after a dispatcher
         restart, or a worker's stream that broke). It is taken into the tables and charged what it has
@@ -128,8 +129,10 @@ class WorkerRecovery:
         req.worker, req.started, req.weight = worker_id, True, weight  # a prediction's refund: its weight
         req.path = path
         req.output_tokens, req.charged_output = output_tokens, charged
+        req.adapter = adapter
         slot.committed += need
         slot.in_flight += 1
+        slot.hold_adapter(adapter)
         t.in_flight += 1
         self.state.in_flight[request_id] = req
         if self.quotas and not self.quotas.holding(request_id):  # its quotas learn of it now, and hold it

@@ -79,7 +79,7 @@ class Revocation:
         that starts it now if there is one, else the queue it starts soonest in, if that queue has room;
         None: it waits here (for the first slot to open, or until what it is owed in the queue it starts
         soonest in is taken back)."""
-        now = [w for w in self.workers.fits(req.need, req.footprint or req.need) if w.starts_now(req.need)]
+        now = [w for w in self.workers.fits(req.need, req.footprint or req.need, req.adapter) if w.starts_now(req.need)]
         if now:
             return now[0] if len(now) == 1 else self.workers.placement.choose(now, req)
         if self.waits_for_a_slot(waiting):
@@ -94,10 +94,12 @@ class Revocation:
         back there (after it is placed, for one in a queue with room), and whether its queue has room
         now. None: nowhere."""
         queues = self._unstarted_by_worker()
-        fits = {w.id for w in self.workers.fits(req.need, req.footprint or req.need)}
+        fits = {w.id for w in self.workers.fits(req.need, req.footprint or req.need, req.adapter)}
         left = running_steps_left(self.state.in_flight.values(), self.budget)
         best: tuple[tuple[float, int, int, str], WorkerSlot, list[str]] | None = None
         for slot in self.workers.taking_work:
+            if not slot.adapter_fits(req.adapter):
+                continue
             by_tenant = queues.get(slot.id, {})
             taken = self._owed(by_tenant, waiting) if slot.kv_tokens >= req.need else []
             if not taken and slot.id not in fits:

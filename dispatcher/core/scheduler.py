@@ -131,12 +131,14 @@ class FairScheduler(
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
         klass: str = "",
+        adapter: str = "",
     ) -> str | None:
         """Queue a request. Returns None when accepted, else the reason it was rejected. ``resumed``: a
         request admitted before (its caller asks again after a dispatcher restart): the policy's
         admission (e.g. RPM's window) is not asked again. ``prefix``: the chained hashes of its prompt's
         blocks of ``block_tokens`` tokens (for cache-aware placement, order and cost). ``klass``: its
-        request class ("": the default); the request's ``tenant`` is then its class's leaf."""
+        request class ("": the default); the request's ``tenant`` is then its class's leaf. ``adapter``:
+        the LoRA adapter it is served with ("": the base model; its prefix hashes are that adapter's)."""
         if request_id in self.state.in_flight or request_id in self.state.queued_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         if prompt_tokens < 0 or max_tokens < 1:
@@ -172,6 +174,7 @@ class FairScheduler(
         need = start_need(prompt_tokens)
         req = Request(request_id, tenant, prompt_tokens, max_tokens, now, self.state.next_seq, need, true_output)
         req.predicted_wait = predicted_wait
+        req.adapter = adapter
         req.urgent = self._enforced(t)
         if req.urgent:
             self.urgent_waiting[t.name] = t
@@ -199,6 +202,7 @@ class FairScheduler(
         self.waits.observe(now, self.ledger.total)
         if not self.workers.slots:
             return out
+        self.workers.begin_pass()
         pick, place, has_slack = self.tree.pick, self.workers.place, self.workers.has_slack
         next_request = self.policy.next_request
         while True:
@@ -245,6 +249,12 @@ class FairScheduler(
                 if urgent is not None:
                     out.append(Assignment(*urgent))
                     continue
+                if req.adapter:
+                    picked = self._adapter_pick(key, tenant, req, parent)
+                    if picked is not None:
+                        tenant, req, slot = picked
+                        out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=False), slot.id))
+                        continue
                 if self.config.strict_head_of_line:
                     break
                 picked = self._relaxed_pick(parent)
@@ -282,9 +292,11 @@ class FairScheduler(
         max_running: int | None = None,
         free_tokens: int | None = None,
         watermark: int = 0,
+        max_loras: int | None = None,
     ) -> None:
-        """A worker takes work: its KV pool, batch limit, free KV now and admission watermark (tokens)."""
-        self.workers.join(worker_id, kv_tokens, max_running, free_tokens, watermark)
+        """A worker takes work: its KV pool, batch limit, free KV now, admission watermark (tokens) and
+        the LoRA adapters its batch holds at once (None: it serves none)."""
+        self.workers.join(worker_id, kv_tokens, max_running, free_tokens, watermark, max_loras)
         self.prefixes.join(worker_id, kv_tokens)
 
     def worker_drain(self, worker_id: str) -> None:
@@ -414,6 +426,7 @@ class FairScheduler(
         slot.pending_count += 1
         slot.pending_tokens += req.need
         slot.in_flight += 1
+        slot.hold_adapter(req.adapter)
         t.in_flight += 1
         self.waits.dispatched += 1
         self.state.in_flight[req.id] = req

@@ -26,10 +26,13 @@ class Settlement:
         waiting: int | None = None,
         cached: Mapping[str, int] | None = None,
         now: float | None = None,
+        adapters: tuple[str, ...] | None = None,
+        host_adapters: tuple[str, ...] | None = None,
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
         many of them the engine found in its prefix cache) and tokens generated; ``now``: when it was
-        received (first tokens are timed: objectives and their predictions)."""
+        received (first tokens are timed: objectives and their predictions); ``adapters``,
+        ``host_adapters``: the LoRA adapters loaded on its GPU and in its host memory (None: unsaid)."""
         in_flight = self.state.in_flight
         if started:
             for rid, prompt_tokens in started.items():
@@ -67,6 +70,10 @@ class Settlement:
                 slot.running = running
             if waiting is not None:
                 slot.waiting = waiting
+            if adapters is not None:
+                slot.gpu_adapters = adapters
+            if host_adapters is not None:
+                slot.host_adapters = host_adapters
 
     def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
         """A request ended on its worker: settle its charges and free its reservation. One its worker
@@ -162,6 +169,7 @@ class Settlement:
         slot.committed -= req.need
         slot.expected -= req.footprint
         slot.in_flight -= 1
+        slot.hold_adapter(req.adapter, -1)
         if not req.started:
             slot.pending_count -= 1
             slot.pending_tokens -= req.need

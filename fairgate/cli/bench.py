@@ -57,6 +57,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     rb.add_argument("--kv-tokens", type=int, default=20_000, help="each engine's KV pool, in tokens")
     rb.add_argument("--json", default=None, help="also write the figures to this file")
     rb.set_defaults(bench=_revoke)
+    ab = targets.add_parser("adapters", help="per-tenant LoRA adapters: fairgate vs adapter-blind VTC vs prefer-loaded")
+    ab.add_argument("--seconds", type=float, default=600.0, help="simulated seconds of traffic")
+    ab.add_argument("--rate", type=float, default=8.0, help="requests/s over all tenants")
+    ab.add_argument("--adapters", type=int, default=50, help="tenants, one adapter each")
+    ab.add_argument("--zipf", type=float, default=1.0, help="the popularity's Zipf exponent")
+    ab.add_argument("--max-loras", type=int, default=4, help="adapters an engine's batch and GPU hold")
+    ab.add_argument("--slack", type=float, default=None, help="fairgate's locality slack (default: the bench's)")
+    ab.add_argument("--seed", type=int, default=1, help="the workload's seed (every arm the same)")
+    ab.add_argument("--json", default=None, help="also write the figures to this file")
+    ab.set_defaults(bench=_adapters)
     qb = targets.add_parser("quota", help="quotas across 4 ingress replicas and a dispatcher SIGKILL; demote")
     qb.add_argument("--clients", type=int, default=4, help="closed loops per flooding key")
     qb.add_argument("--log", default=None, help="write the gateway's output to this file")
@@ -272,6 +282,33 @@ def _revoke(args: argparse.Namespace) -> int:
     )
     r = bench_revoke(config)
     print(format_revoke(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+def _adapters(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.bench_adapters import AdaptersBenchConfig, bench_adapters, format_adapters
+
+    if args.seconds <= 0 or args.rate <= 0 or args.adapters < 10 or args.max_loras < 1 or args.zipf < 0:
+        raise UsageError("--seconds and --rate must be positive, --adapters at least 10, --max-loras at least 1")
+    if args.slack is not None and not 0 <= args.slack < float("inf"):
+        raise UsageError("--slack must be a finite number >= 0")
+    config = AdaptersBenchConfig(
+        seed=args.seed,
+        duration_s=args.seconds,
+        rate=args.rate,
+        adapters=args.adapters,
+        zipf=args.zipf,
+        max_loras=args.max_loras,
+        max_cpu_loras=max(16, args.max_loras),
+        **({} if args.slack is None else {"slack": args.slack}),
+    )
+    r = bench_adapters(config)
+    print(format_adapters(r))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0

@@ -36,18 +36,24 @@ POISON = [(0, 0.0, 4, 1, False)] * 20 + LEAVER
 PREFIX_BLOCK = 16
 
 
-def workload_of(rows, weights=(1.0, 1.0, 1.0), prefixed: bool = False) -> Workload:
+def workload_of(rows, weights=(1.0, 1.0, 1.0), prefixed: bool = False, adapters: bool = False) -> Workload:
     """Rows: (tenant, arrival, prompt, output), and optionally whether its client leaves after that
     output (from a ``max_tokens`` twice as large). ``prefixed``: each prompt carries block hashes of
     one of two conversations of its tenant (by its length's parity), so prefix caches, cache-aware
-    cost and locality slack come into play."""
+    cost and locality slack come into play. ``adapters``: each conversation has a LoRA adapter of its
+    own (more adapters than an engine's batch holds)."""
+
+    def adapter(t: int, p: int) -> str:
+        return f"lora-{t}{p % 2}" if adapters else ""
 
     def prefix(t: int, p: int) -> tuple[int, ...]:
         return tuple((t * 10 + p % 2) * 1000 + i for i in range(p // PREFIX_BLOCK)) if prefixed else ()
 
     reqs = sorted(
         (
-            TraceRequest(f"T{t}", a, p, o, 2 * o if leaves else None, prefix(t, p), leaves=leaves)
+            TraceRequest(
+                f"T{t}", a, p, o, 2 * o if leaves else None, prefix(t, p), leaves=leaves, adapter=adapter(t, p)
+            )
             for t, a, p, o, leaves in ((*row, False)[:5] for row in rows)
         ),
         key=lambda r: (r.arrival_s, r.tenant),

@@ -54,6 +54,7 @@ from tests.unit.simulated_runs import (
     run,
     workload_of,
 )
+from workers.engines.simulated import AdapterSettings
 
 CASES = [(policy, placement) for policy in policy_examples() for placement in placement_names()]
 # the same events with the tenants in a tree (two levels of nodes) and request classes (one strict)
@@ -67,6 +68,8 @@ WEIGHTS = {"T0": 1.0, "T1": 2.0, "T2": 0.5, "T3": 1.0}
 POOLS = {"w0": 300, "w1": 500, "w2": 800}  # KV pools of the workers that come and go
 WORKERS = sorted(POOLS)
 BLOCK = 16  # tokens per prefix block of the submitted prompts
+MAX_LORAS = 2  # adapters an engine's batch holds at once
+ADAPTER_OF_CONVERSATION = ("", "own", "shared")  # the base model, the tenant's own adapter, one all share
 
 
 def arguments(kind: str, seed: int) -> tuple:
@@ -124,7 +127,7 @@ class Driver:
         self.key_weights = dict(WEIGHTS)  # what the registry says (a key with classes: its node's)
         self._build(self.s)
         for wid in ("w0", "w1"):  # two workers from the start; events add, drain and remove them
-            self.s.worker_join(wid, POOLS[wid], max_running=4)
+            self.s.worker_join(wid, POOLS[wid], max_running=4, max_loras=MAX_LORAS)
         self.now = 0.0
         self.n = 0
         self.where: dict[str, str] = {}  # request id -> queued | running (ended ones leave it)
@@ -161,7 +164,9 @@ class Driver:
         policy_before = json.dumps(self.s.policy.snapshot(), sort_keys=True)
         prefix = tuple((tenant * 10 + conversation) * 1000 + i for i in range(prompt // BLOCK))
         klass = CLASS_OF_CONVERSATION[conversation] if self.tree and tenant in (0, 2) else ""
-        args = (prompt, max_tokens, self.now, true_output, False, prefix, BLOCK, klass)
+        adapter = ADAPTER_OF_CONVERSATION[conversation]
+        adapter = f"{adapter}-{tenant}" if adapter == "own" else adapter
+        args = (prompt, max_tokens, self.now, true_output, False, prefix, BLOCK, klass, adapter)
         reason = self.s.submit(rid, f"T{tenant}", *args)
         if reason in (REJECT_TENANT_QUEUE_FULL, REJECT_TOO_LARGE):  # refused before the policy was asked
             assert json.dumps(self.s.policy.snapshot(), sort_keys=True) == policy_before, "a refusal changed the policy"
@@ -193,7 +198,8 @@ class Driver:
 
     def _step(self, wid: str, seed: int) -> None:
         """One engine step of a worker, by the engine's own rule: it starts what was assigned to it, in
-        order, while the prompts fit its free KV (the rest wait inside it), and generates 1-32 tokens for
+        order, while the prompts fit its free KV (the rest wait inside it; one whose adapter would be one
+        too many in its batch is skipped and keeps its place), and generates 1-32 tokens for
         everything it runs; when that overflows the pool the newest running requests are preempted (they
         generate nothing this step and wait inside it). A request ends at its true length (stop) or its
         max_tokens (length)."""
@@ -204,7 +210,12 @@ class Driver:
         mine = sorted((r for r in s.in_flight().values() if r.worker == wid), key=lambda r: r.seq)
         used = sum(r.prompt_tokens + r.output_tokens for r in mine if r.started)
         started: dict[str, int] = {}
+        batch = {r.adapter for r in mine if r.started and r.adapter}
         for r in (r for r in mine if not r.started):
+            if r.adapter and r.adapter not in batch and len(batch) >= MAX_LORAS:
+                continue
+            if r.adapter:
+                batch.add(r.adapter)
             prompt = max(0, r.prompt_tokens + (seed + int(r.id[1:])) % 5 - 2)
             if used + prompt + 1 > slot.kv_tokens:
                 break  # it waits inside the engine, and so does everything after it
@@ -284,7 +295,7 @@ class Driver:
             self.where[rid] = "queued"
 
     def _join(self, wid: str) -> None:
-        self.s.worker_join(wid, POOLS[wid], max_running=4)
+        self.s.worker_join(wid, POOLS[wid], max_running=4, max_loras=MAX_LORAS)
 
     def _drain(self, wid: str) -> None:
         self.s.worker_drain(wid)
@@ -306,14 +317,16 @@ class Driver:
         s = self.s
         if s.workers.get(wid) is None:
             return
-        running = [(r.id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens) for r in s.in_flight().values()]
+        running = [
+            (r.id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, r.adapter) for r in s.in_flight().values()
+        ]
         left = s.worker_leave(wid)
         for rid in left.requeued:
             self.where[rid] = "queued"
-        s.worker_join(wid, POOLS[wid], max_running=4)
-        for rid, tenant, prompt, max_tokens, output in running:
+        s.worker_join(wid, POOLS[wid], max_running=4, max_loras=MAX_LORAS)
+        for rid, tenant, prompt, max_tokens, output, adapter in running:
             if rid in left.lost:
-                assert s.adopt(wid, rid, tenant, prompt, max_tokens, output)
+                assert s.adopt(wid, rid, tenant, prompt, max_tokens, output, adapter=adapter)
 
     def _race(self, pick: int) -> None:
         """A caller leaves just as its request is assigned: the withdrawal finds it in flight and aborts it."""
@@ -349,14 +362,16 @@ class Driver:
         new.restore_durable(state)
         self._build(new)
         for slot in old.workers.slots.values():
-            new.worker_join(slot.id, slot.kv_tokens, slot.max_running)
+            new.worker_join(slot.id, slot.kv_tokens, slot.max_running, max_loras=slot.max_loras)
             for r in old.in_flight().values():
                 if r.worker == slot.id and r.started:
-                    assert new.adopt(slot.id, r.id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens)
+                    adopted = (r.id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens)
+                    assert new.adopt(slot.id, *adopted, adapter=r.adapter)
             if slot.draining:
                 new.worker_drain(slot.id)
         for r in again:
             again_args = (r.prompt_tokens, r.max_tokens, self.now, r.true_output, True, r.prefix, r.block_tokens)
+            again_args = (*again_args, "", r.adapter)
             if new.submit(r.id, r.tenant, *again_args):
                 del self.where[r.id]  # refused (its queue is full): its caller gets the error
             else:
@@ -409,6 +424,8 @@ class Driver:
             assert slot.committed == sum(r.need for r in mine)
             assert slot.in_flight == len(mine)
             assert slot.pending_count == sum(not r.started for r in mine)
+            held = {a: sum(r.adapter == a for r in mine) for a in {r.adapter for r in mine if r.adapter}}
+            assert slot.adapters_in_flight == held and len(held) <= MAX_LORAS  # the engine never skips one
         for t in s.tenants.values():
             self.weights_seen.setdefault(t.name, set()).add(t.weight)
             assert t.queued_tokens == sum(r.prompt_tokens + r.max_tokens for r in t.queue)
@@ -453,7 +470,7 @@ class Driver:
 
     def settle(self) -> None:
         """Serve everything that is left on a worker large enough for anything."""
-        self.s.worker_join("w9", 10_000, max_running=64)
+        self.s.worker_join("w9", 10_000, max_running=64, max_loras=MAX_LORAS)
         for _ in range(10_000):
             if not self.where:
                 return
@@ -572,6 +589,24 @@ def test_the_stated_bound_holds_for_backlogged_tenants(policy, rows, weights):
     for (f, g), gap in brute_force_max_gap(sim).items():
         wf, wg = workload.weight(sim.recorder.tenants[f]), workload.weight(sim.recorder.tenants[g])
         assert gap <= bound / min(wf, wg) + 1e-6, (sim.recorder.tenants[f], sim.recorder.tenants[g], gap, bound)
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+@given(requests_strategy, st.sampled_from([1, 2]))
+@example(FLOOD, 1)
+@example(BURSTS, 2)
+def test_with_adapters_the_stated_bound_holds_and_no_batch_holds_more_than_it_may(policy, rows, max_loras):
+    """Each tenant's two conversations on adapters of their own, more adapters than a batch holds:
+    requests go where their adapter may join the batch, room is made for a cold one (the policy's
+    order kept, or within its locality slack), and the stated bound holds for every backlogged pair."""
+    workload = workload_of(rows, prefixed=True, adapters=True)
+    settings = AdapterSettings(max_loras=max_loras, max_cpu_loras=2)
+    sim = run(workload, policy, placement="adapter-affinity", adapters=settings, max_running=8)
+    assert sim.scheduler.queue_depth() == 0 and not sim.scheduler.in_flight()
+    bound = make_policy(policy).bound(unit_u(sim.config.cost, *workload.longest(), POOL))
+    for (f, g), gap in brute_force_max_gap(sim).items():
+        assert gap <= bound + 1e-6, (sim.recorder.tenants[f], sim.recorder.tenants[g], gap, bound)
+    assert sim.engines[0].adapters.gpu_loads >= 1
 
 
 @pytest.mark.parametrize("policy", BOUNDED)

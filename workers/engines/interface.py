@@ -91,6 +91,8 @@ class StepReport:
     running: int = 0
     waiting: int = 0
     preempted: int = 0  # requests the engine preempted for room (the simulated engine counts them)
+    adapters: tuple[str, ...] = ()  # LoRA adapters loaded on the GPU after the step, least recently used first
+    host_adapters: tuple[str, ...] = ()  # and those cached in host memory
 
 
 StepCallback = Callable[[StepReport], None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatcher.core.model import Request
-from dispatcher.core.placement.base import PlacementRule, register
+from dispatcher.core.placement.base import PlacementRule, most_room, register
 from dispatcher.core.workers import WorkerSlot
 
 
@@ -19,4 +19,4 @@ class MostRoom(PlacementRule):
     name = "most-room"
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
-        return min(fits, key=lambda w: (-w.room(), w.running + w.pending_count, w.id))
+        return min(fits, key=most_room)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatcher.core.model import Request
-from dispatcher.core.placement.base import PlacementRule, register
+from dispatcher.core.placement.base import PlacementRule, fullness, most_room, register
 from dispatcher.core.prefix_index import PrefixIndex
 from dispatcher.core.workers import WorkerSlot
 
@@ -32,23 +32,14 @@ class PrefixAffinity(PlacementRule):
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
         if request is None or not request.prefix:
-            return min(fits, key=_most_room)
-        emptiest = min(_fullness(w) for w in fits)
+            return min(fits, key=most_room)
+        emptiest = min(fullness(w) for w in fits)
         expected, prefix, block = self._prefixes.expected_tokens, request.prefix, request.block_tokens
         best, best_gain = None, -1
         for w in fits:
-            if _fullness(w) > emptiest + BALANCE:
+            if fullness(w) > emptiest + BALANCE:
                 continue
             gain = expected(w.id, prefix, block)
-            if gain > best_gain or (gain == best_gain and _most_room(w) < _most_room(best)):  # type: ignore[arg-type]
+            if gain > best_gain or (gain == best_gain and most_room(w) < most_room(best)):  # type: ignore[arg-type]
                 best, best_gain = w, gain
         return best  # type: ignore[return-value]  # the emptiest is always near
-
-
-def _fullness(w: WorkerSlot) -> float:
-    """The share of its pool a worker has no room in (used, kept by its watermark, or assigned)."""
-    return 1.0 - w.room() / w.kv_tokens
-
-
-def _most_room(w: WorkerSlot) -> tuple[int, int, str]:
-    return (-w.room(), w.running + w.pending_count, w.id)

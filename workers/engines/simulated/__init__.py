@@ -2,8 +2,9 @@
 state machine with a step-time model calibrated from a profile), run in real time by the simulated
 worker (``runner``) and in virtual time by the simulator, with its own deterministic tokenizer."""
 
+from workers.engines.simulated.adapters import AdapterSettings
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from workers.engines.simulated.plugin import SimulatedPlugin
 from workers.engines.simulated.steptime import StepTimeModel
 
-__all__ = ["EngineRequest", "SimulatedEngine", "SimulatedPlugin", "StepTimeModel"]
+__all__ = ["AdapterSettings", "EngineRequest", "SimulatedEngine", "SimulatedPlugin", "StepTimeModel"]

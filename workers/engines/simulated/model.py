@@ -15,6 +15,12 @@ vLLM does: a request carrying the chained hashes of its prompt's blocks (``prefi
 their prefill; blocks no running request holds stay cached but count as free, and are evicted
 least recently used when room is needed. Each request's cached count is reported at its start.
 
+With ``adapters`` set, requests may name a LoRA adapter: a batch holds at most ``max_loras`` distinct
+ones (a waiting request whose adapter would be one too many is skipped, keeping its place, as vLLM's
+scheduler does), and a step waits for the loads its batch needs (``adapters.AdapterCache``). The
+prompt's block hashes a request carries are its adapter's (the caller salts them per adapter, as
+vLLM keys its cached blocks by adapter): a prefix cached under one adapter is no hit under another.
+
 ``ideal_cache`` is no engine but a ceiling for benchmarks: a set of block hashes shared by every
 engine given it, which keeps every block any of them prefilled, forever and in no memory. A request
 skips the prefill of its leading blocks found there, so a run with it measures the most that any
@@ -31,6 +37,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from workers.engines.interface import FinishedRequest, StepReport
+from workers.engines.simulated.adapters import AdapterCache, AdapterSettings
 from workers.engines.simulated.steptime import StepTimeModel
 
 
@@ -53,6 +60,7 @@ class EngineRequest:
     priority: int = 0  # larger: preempted first under ``preempt_by="priority"`` (vLLM's convention)
     order: int = 0  # when it was added: "newest" among equal priorities
     client_leaves: bool = False  # its client goes away at ``target_output`` tokens: it ends as "abort"
+    adapter: str = ""  # the LoRA adapter it is served with ("": the base model)
 
     @property
     def context(self) -> int:
@@ -75,6 +83,7 @@ class SimulatedEngine:
         watermark: float = 0.0,
         prefix_caching: bool = False,
         ideal_cache: set[int] | None = None,
+        adapters: AdapterSettings | None = None,
     ) -> None:
         if kv_tokens <= 0 or block_size <= 0:
             raise ValueError("kv_tokens and block_size must be positive")
@@ -90,6 +99,7 @@ class SimulatedEngine:
         self.prefix_caching = prefix_caching
         self.ideal_cache = ideal_cache
         self.step_model = step_model
+        self.adapters = AdapterCache(adapters) if adapters is not None else None
         self.total_blocks = kv_tokens // block_size
         # blocks a waiting request must leave free when it is admitted beside running ones (vLLM's)
         self.watermark_blocks = int(watermark * self.total_blocks)
@@ -169,6 +179,8 @@ class SimulatedEngine:
         prefill_tokens = sum(r.context - r.cached for r in admitted)
         context = sum(r.context for r in decode)
         duration = self.step_model.step_time(prefill_tokens, len(decode), context, len(admitted))
+        if self.adapters is not None:  # the batch waits for its adapters' loads
+            duration += self.adapters.activate(r.adapter for group in (admitted, decode) for r in group)
         self._plan = (admitted, decode, duration)
         return duration
 
@@ -214,6 +226,9 @@ class SimulatedEngine:
         report.running = len(self.running)
         report.waiting = len(self.waiting)
         report.preempted = self._preempted_last
+        if self.adapters is not None:
+            report.adapters = tuple(self.adapters.gpu)
+            report.host_adapters = tuple(self.adapters.host)
         return report
 
     # ------------------------------------------------------------ internals
@@ -259,11 +274,16 @@ class SimulatedEngine:
         if self._unordered and self.preempt_by == "priority":  # vLLM's priority policy orders its queue too
             self.waiting = deque(sorted(self.waiting, key=lambda r: (r.priority, r.order)))
         self._unordered = False
+        skipped: list[EngineRequest] = []  # their adapter would be one too many in the batch (vLLM skips them)
+        batch = {r.adapter for r in self.running if r.adapter}
         while self.waiting and (limit is None or len(self.running) < limit):
             req = self.waiting[0]
             if req.aborted:
                 self.waiting.popleft()
                 self._forget(req, "abort", self._finished_outside_step)
+                continue
+            if self.adapters is not None and not self.adapters.fits(batch, req.adapter):
+                skipped.append(self.waiting.popleft())
                 continue
             blocks = self._blocks_for(req.context + 1)
             hits = self._cached_prefix(req) if self.prefix_caching and req.prefix else []
@@ -289,6 +309,9 @@ class SimulatedEngine:
             self._evict_to_fit()
             self.running.append(req)
             admitted.append(req)
+            if req.adapter:
+                batch.add(req.adapter)
+        self.waiting.extendleft(reversed(skipped))  # they keep their places, ahead of the rest
         return admitted
 
     def _cached_prefix(self, req: EngineRequest) -> list[int]:
