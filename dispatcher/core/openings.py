@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from dispatcher.core.model import Request
 from dispatcher.core.predictors import MovingAveragePredictor
@@ -23,8 +24,7 @@ PER_MILLE = 1000
 
 class BudgetUse:
     """Per tenant, the mean share of ``max_tokens`` its last ``window`` finished requests generated
-    (a new tenant: every tenant's; none known: all of it). Not saved: after a restart it assumes all of
-    ``max_tokens`` until its tenants' requests end again (a placement hint, not a charge)."""
+    (a new tenant: every tenant's; none known: all of it). Saved with the scheduler's state."""
 
     def __init__(self, window: int = 20) -> None:
         self._per_mille = MovingAveragePredictor(window)
@@ -32,6 +32,12 @@ class BudgetUse:
     def observe(self, tenant: str, output_tokens: int, max_tokens: int) -> None:
         if max_tokens > 0:
             self._per_mille.observe(tenant, round(PER_MILLE * min(1.0, output_tokens / max_tokens)))
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._per_mille.snapshot()
+
+    def restore(self, data: dict[str, Any]) -> None:
+        self._per_mille.restore(data)
 
     def expected_output(self, tenant: str, max_tokens: int) -> int:
         share = self._per_mille.predict(tenant, PER_MILLE, None)

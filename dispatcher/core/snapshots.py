@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from dispatcher.core.costs import CostFunction
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Tenant, request_from_dict
+from dispatcher.core.openings import BudgetUse
 from dispatcher.core.policies import FairnessPolicy
 from dispatcher.core.predictors import MovingAveragePredictor
 from dispatcher.core.prefix_index import PrefixIndex
@@ -37,6 +38,7 @@ class Snapshottable(Protocol):
     policy: FairnessPolicy
     prefixes: PrefixIndex
     lengths: MovingAveragePredictor
+    budget: BudgetUse
     urgent_waiting: dict[str, Tenant]
     revoking: dict[str, str]
 
@@ -77,6 +79,7 @@ def snapshot(s: Snapshottable) -> dict[str, Any]:
         "resumed": sorted(state.resumed),
         "prefixes": s.prefixes.snapshot(),
         "lengths": s.lengths.snapshot(),
+        "budget": s.budget.snapshot(),
         "revoking": dict(s.revoking),
     }
 
@@ -108,6 +111,8 @@ def restore_snapshot(s: Snapshottable, data: Mapping[str, Any]) -> None:
     s.policy.restore(data["policy"])
     if data.get("lengths"):
         s.lengths.restore(dict(data["lengths"]))
+    if data.get("budget"):
+        s.budget.restore(dict(data["budget"]))
     state.restore_settled(data["settled"])
     state.resumed = set(data.get("resumed", ()))
     s.prefixes.restore(data.get("prefixes", {}))
@@ -159,6 +164,7 @@ def durable_state(s: Snapshottable, saved_at: float | None = None) -> dict[str, 
         "longest": state.longest(),
         "policy": s.policy.snapshot(),
         "lengths": s.lengths.snapshot(),
+        "budget": s.budget.snapshot(),
         "saved_at": saved_at,
         # written as refunded above: one that starts and ends before the restart is in no saved counter
         "unstarted": sorted(r.id for r in state.in_flight.values() if not r.started),
@@ -188,6 +194,8 @@ def restore_durable(s: Snapshottable, data: Mapping[str, Any], now: float | None
     s.policy.restore(data.get("policy", data.get("predictor", {})))  # "predictor": older states
     if data.get("lengths"):
         s.lengths.restore(dict(data["lengths"]))
+    if data.get("budget"):
+        s.budget.restore(dict(data["budget"]))
     if data.get("saved_at") is not None and now is not None:
         state.unsaved = (float(data["saved_at"]), now)
     state.unstarted_at_save = set(data.get("unstarted", ()))
