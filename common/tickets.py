@@ -31,6 +31,7 @@ class TicketFields:
     max_tokens: int = 0
     cache_group: str = ""  # the prefix-cache salt's owner: the tenant's sharing group ("" : the tenant)
     priority: int = 0  # the engine's preemption rank (larger: preempted first), where the engine takes one
+    adapter: str = ""  # the LoRA adapter it is served with ("": the base model): no other may be served
 
 
 def _encode(parts: list[str]) -> bytes:
@@ -40,7 +41,7 @@ def _encode(parts: list[str]) -> bytes:
 
 def _message(f: TicketFields) -> bytes:
     parts = [f.request_id, f.tenant, f.worker_id, repr(float(f.expires_at)), str(f.prompt_tokens), str(f.max_tokens)]
-    parts += [f.cache_group, str(f.priority)]
+    parts += [f.cache_group, str(f.priority), f.adapter]
     return _encode(parts)
 
 
@@ -62,6 +63,7 @@ def ticket_message(fields: TicketFields, signature: bytes) -> pb.Ticket:
         max_tokens=f.max_tokens,
         cache_group=f.cache_group,
         priority=f.priority,
+        adapter=f.adapter,
         signature=signature,
     )
 
@@ -76,6 +78,7 @@ def ticket_fields(ticket: pb.Ticket) -> TicketFields:
         ticket.max_tokens,
         ticket.cache_group,
         ticket.priority,
+        ticket.adapter,
     )
 
 

@@ -335,8 +335,9 @@ class DispatcherService:
                 self.scheduler.on_finish(req.id, 0, "abort", now)
                 continue
             group = self.cache_groups.get(req.tenant, "")
+            size = (req.prompt_tokens, req.max_tokens)
             fields = TicketFields(
-                req.id, req.tenant, a.worker_id, now + self._ttl, req.prompt_tokens, req.max_tokens, group, req.priority
+                req.id, req.tenant, a.worker_id, now + self._ttl, *size, group, req.priority, req.adapter
             )
             link = self._links.get(a.worker_id)
             future.set_result(
@@ -414,13 +415,11 @@ class DispatcherService:
         s = self.scheduler
         if kind == "hello":
             h = msg.hello
-            s.worker_join(
-                h.worker_id, int(h.kv_tokens), h.max_running or None, int(h.free_tokens), int(h.watermark_tokens)
-            )
+            joined = (int(h.kv_tokens), h.max_running or None, int(h.free_tokens), int(h.watermark_tokens))
+            s.worker_join(h.worker_id, *joined, max_loras=h.max_loras or None)
             for r in h.running:  # after a restart or a broken stream: what it runs, charged from here on
-                if s.adopt(
-                    h.worker_id, r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, self._clock()
-                ):
+                running = (r.request_id, r.tenant, r.prompt_tokens, r.max_tokens, r.output_tokens, self._clock())
+                if s.adopt(h.worker_id, *running, adapter=r.adapter):
                     self._forget_orphan(r.request_id)
             now = self._clock()
             for r in h.ended:  # ended while the stream was down: settled here, exactly once
@@ -453,6 +452,8 @@ class DispatcherService:
                 running=r.running,
                 waiting=r.waiting,
                 now=now,
+                adapters=tuple(r.adapters) if r.adapters or r.host_adapters else None,
+                host_adapters=tuple(r.host_adapters) if r.adapters or r.host_adapters else None,
             )
             for f in r.finished:
                 done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)

@@ -73,7 +73,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., report: _Optional[_Union[StepReport, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running", "ended", "watermark_tokens")
+    __slots__ = ("worker_id", "address", "kv_tokens", "max_running", "free_tokens", "running", "ended", "watermark_tokens", "max_loras")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class Hello(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     kv_tokens: int
@@ -90,26 +91,29 @@ class Hello(_message.Message):
     running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
     ended: _containers.RepeatedCompositeFieldContainer[RunningRequest]
     watermark_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., watermark_tokens: _Optional[int] = ...) -> None: ...
+    max_loras: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., kv_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., free_tokens: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., ended: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., watermark_tokens: _Optional[int] = ..., max_loras: _Optional[int] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens", "ticket_expires_at")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "output_tokens", "max_tokens", "ticket_expires_at", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TICKET_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_tokens: int
     output_tokens: int
     max_tokens: int
     ticket_expires_at: float
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +121,8 @@ class StepReport(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -124,7 +130,9 @@ class StepReport(_message.Message):
     running: int
     waiting: int
     step_seconds: float
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    host_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id", "prompt_tokens", "tenant", "max_tokens", "cached_tokens")
@@ -213,7 +221,7 @@ class Revoke(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group", "priority")
+    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group", "priority", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +231,7 @@ class Ticket(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_GROUP_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     worker_id: str
@@ -232,7 +241,8 @@ class Ticket(_message.Message):
     max_tokens: int
     cache_group: str
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices", "trace_context")
