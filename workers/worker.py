@@ -327,6 +327,7 @@ class Worker:
             max_running=self.runner.max_running or 0,
             free_tokens=self.runner.free_tokens(),
             watermark_tokens=self.runner.watermark_tokens,
+            max_loras=self.runner.max_loras or 0,
             running=running,
             ended=ended,
         )
@@ -521,6 +522,9 @@ def _merge_queued(
             tokens[t.request_id] = tokens.get(t.request_id, 0) + t.tokens
         merged.free_tokens, merged.running, merged.waiting = r.free_tokens, r.running, r.waiting
         merged.step_seconds += r.step_seconds
+        if r.adapters or r.host_adapters:  # where adapters are: the last step's
+            merged.adapters[:] = r.adapters
+            merged.host_adapters[:] = r.host_adapters
     del merged.new_tokens[:]
     merged.new_tokens.extend(pb.TokenCount(request_id=rid, tokens=k) for rid, k in tokens.items())
     return pb.WorkerMessage(report=merged), held
@@ -546,4 +550,6 @@ def _report_message(report: StepReport, known: Callable[[str], _Running | None])
         running=report.running,
         waiting=report.waiting,
         step_seconds=report.duration_s,
+        adapters=report.adapters,
+        host_adapters=report.host_adapters,
     )

@@ -105,6 +105,7 @@ class EngineRunner(Protocol):
     block_size: int
     max_running: int | None
     watermark_tokens: int  # KV kept free when admitting beside running requests (the engine's own rule)
+    max_loras: int | None  # LoRA adapters its batch holds at once (None: it serves none)
 
     def free_tokens(self) -> int: ...
 

@@ -28,6 +28,7 @@ class SimulatedRunner:
         self.cache_block = engine.block_size * -(-CACHE_BLOCK_TOKENS // engine.block_size)
         self.max_running = engine.max_running
         self.watermark_tokens = engine.watermark_tokens
+        self.max_loras = engine.adapters.settings.max_loras if engine.adapters is not None else None
         self._queues: dict[str, asyncio.Queue[tuple[int, str | None]]] = {}
         self._cached: dict[str, int] = {}  # prompt tokens found cached, for requests whose start is not yet read
         self._wake = asyncio.Event()

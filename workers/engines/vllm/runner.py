@@ -47,6 +47,7 @@ class VllmRunner:
         self.block_size = 0
         self.max_running: int | None = None
         self.watermark_tokens = 0
+        self.max_loras: int | None = None  # adapters are not loaded through this runner yet
         self.takes_priority = False  # vLLM runs its priority policy: requests carry the dispatcher's ranks
         self.llm: Any = None
         self._on_step: StepCallback = lambda _report: None
