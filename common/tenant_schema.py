@@ -64,3 +64,16 @@ class ClassConfig(Section):
         " with Retry-After) or downgrade (served in downgrade_to)",
     )
     downgrade_to: str = Field("", description="the class a downgraded request is served in (on_miss: downgrade)")
+
+
+class AdapterConfig(Section):
+    """A LoRA adapter served as a model of its own (docs/gateway.md, "Adapters"): requests whose
+    ``model`` is ``name`` run on ``base_model``'s pool with the weights at ``path`` (a directory as
+    ``peft`` saves one, readable by that pool's workers), for the tenants under ``nodes``."""
+
+    name: str = Field(min_length=1, max_length=128, description="the model name clients ask for")
+    base_model: str = Field(min_length=1, description="the model pool it runs on (its workers set max_loras)")
+    path: str = Field(min_length=1, max_length=4096, description="where the workers read its weights")
+    nodes: list[str] = Field(
+        min_length=1, description="tree nodes or tenants whose tenants may use it ('' : every tenant)"
+    )

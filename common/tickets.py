@@ -32,6 +32,7 @@ class TicketFields:
     cache_group: str = ""  # the prefix-cache salt's owner: the tenant's sharing group ("" : the tenant)
     priority: int = 0  # the engine's preemption rank (larger: preempted first), where the engine takes one
     adapter: str = ""  # the LoRA adapter it is served with ("": the base model): no other may be served
+    adapter_path: str = ""  # where that adapter's weights are loaded from
 
 
 def _encode(parts: list[str]) -> bytes:
@@ -41,7 +42,7 @@ def _encode(parts: list[str]) -> bytes:
 
 def _message(f: TicketFields) -> bytes:
     parts = [f.request_id, f.tenant, f.worker_id, repr(float(f.expires_at)), str(f.prompt_tokens), str(f.max_tokens)]
-    parts += [f.cache_group, str(f.priority), f.adapter]
+    parts += [f.cache_group, str(f.priority), f.adapter, f.adapter_path]
     return _encode(parts)
 
 
@@ -64,6 +65,7 @@ def ticket_message(fields: TicketFields, signature: bytes) -> pb.Ticket:
         cache_group=f.cache_group,
         priority=f.priority,
         adapter=f.adapter,
+        adapter_path=f.adapter_path,
         signature=signature,
     )
 
@@ -79,6 +81,7 @@ def ticket_fields(ticket: pb.Ticket) -> TicketFields:
         ticket.cache_group,
         ticket.priority,
         ticket.adapter,
+        ticket.adapter_path,
     )
 
 

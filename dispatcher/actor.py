@@ -22,8 +22,10 @@ import ray
 from common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
 from common.key_hashing import KeyHasher
 from common.loopback import bind_host, pool_port
-from common.prefix_hashes import salted
+from common.prefix_hashes import for_adapter, salted
 from common.rpc import fairgate_pb2 as pb
+from dispatcher.adapter_calls import AdapterCalls
+from dispatcher.adapter_registry import AdapterRegistry
 from dispatcher.admission_service import AdmissionServer, submit_args
 from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
 from dispatcher.core.classes import RequestClass
@@ -58,11 +60,13 @@ def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
         "key_hash_fingerprint": gateway.get("key_hash_fingerprint", ""),
         "quotas": gateway.get("quotas") or [],
         "prices": gateway.get("prices") or {},
+        "adapters": gateway.get("adapters") or [],
+        "adapter_models": gateway.get("adapter_models") or {},
     }
 
 
 @ray.remote(num_cpus=0)
-class DispatcherActor:
+class DispatcherActor(AdapterCalls):
     """One scheduler per model pool (fairness is per pool: each pool is its own resource), each with
     its own Dispatcher gRPC service for its workers; tenants, keys and the live page are shared. Calls
     name their pool by model; without one, the first model's."""
@@ -86,6 +90,8 @@ class DispatcherActor:
         ]
         self._policy = config.policy
         self._registry = TenantRegistry([], [], self._classes, self._policy)
+        self._adapter_models = {m: bool(settings.get("adapter_models", {}).get(m)) for m in models}
+        self._adapters = AdapterRegistry([], self._adapter_models)
         self._hasher = KeyHasher.from_environment(secret)  # upgrades plain digests a store still holds
         self._hasher.check_fingerprint(settings.get("key_hash_fingerprint"), "dispatcher")
         self._store: StateStore | None = None
@@ -114,6 +120,7 @@ class DispatcherActor:
         tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
         await self._upgrade_key_hashes(tenants)
         self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
+        self._load_adapters(await self._store.load_adapters(list(self._settings.get("adapters") or ())))
         loop = asyncio.get_running_loop()
         network = self._settings.get("network") or {}
         if self._quotas:
@@ -227,9 +234,12 @@ class DispatcherActor:
         to run it and the signed ticket, or why it was refused. The caller's API key (its hash) is
         checked against the registry here, so a key revoked or rotated through any ingress replica
         stops working at once on all of them (their key caches notwithstanding). The prompt's block
-        hashes are salted here by the tenant's cache group; the client's ``service_tier`` (its request
-        class) is checked against the classes its key may use, and the reply names the tier served."""
-        rid, tenant, n_prompt, max_tokens, retry, key_hash, model, prefix, block_tokens, tier = submit_args(request)
+        hashes are salted here by the tenant's cache group and its adapter (a prefix under one adapter
+        is no hit under another); the client's ``service_tier`` (its request class) is checked against
+        the classes its key may use, and the reply names the tier served. An adapter is checked again
+        here: one deleted, or taken from the tenant, since its ingress last looked is not served."""
+        args = submit_args(request)
+        rid, tenant, n_prompt, max_tokens, retry, key_hash, model, prefix, block_tokens, tier, adapter = args
         await self._ready()
         if key_hash is None or self._registry.lookup(key_hash) != tenant:  # no key: no tenant, never a new one
             return pb.SubmitReply(rejected=REJECT_UNKNOWN_KEY)
@@ -238,9 +248,13 @@ class DispatcherActor:
         except TenantError as exc:
             return pb.SubmitReply(rejected="class_not_allowed", message=str(exc))
         service = self._pool(model)
+        if adapter:  # the tenant may use it, on this pool (it may have been deleted or moved since)
+            known = self.adapter_for(tenant, adapter)
+            if known is None or self._pools.get(known.base_model) is not service:
+                return pb.SubmitReply(rejected="model_not_found", message=f"the model '{adapter}' does not exist")
         record = self._registry.get(tenant)
         group = (record.cache_group if record is not None else "") or tenant
-        cached = salted(prefix, group) if prefix and block_tokens > 0 else ()
+        cached = salted(for_adapter(prefix, adapter), group) if prefix and block_tokens > 0 else ()
         try:
             p = await service.submit(
                 rid,
@@ -252,6 +266,7 @@ class DispatcherActor:
                 block_tokens=block_tokens,
                 cache_group=group,
                 klass=klass,
+                adapter=adapter,
             )
         except Rejected as exc:
             return pb.SubmitReply(rejected=exc.reason, message=exc.message, retry_after_s=exc.retry_after_s)

@@ -32,8 +32,8 @@ def admission_key(secret: bytes) -> bytes:
 
 def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
     """The request as the dispatcher reads it: (id, tenant, prompt tokens, max tokens, retry, key hash,
-    model, prefix, block tokens, tier), with None for an absent key, model or tier (an empty tier is
-    the client's own, not absent)."""
+    model, prefix, block tokens, tier, adapter), with None for an absent key, model or tier (an empty
+    tier is the client's own, not absent) and "" for the base model."""
     return (
         request.request_id,
         request.tenant,
@@ -45,6 +45,7 @@ def submit_args(request: pb.SubmitRequest) -> tuple[Any, ...]:
         tuple(request.prefix),
         request.block_tokens,
         request.tier if request.HasField("tier") else None,
+        request.adapter,
     )
 
 

@@ -117,6 +117,8 @@ class DispatcherService:
         # requests put back in their queues when their worker died, waiting for their caller to ask again
         self._orphans: dict[str, asyncio.Future[Placement]] = {}
         self.cache_groups: dict[str, str] = {}  # tenant -> its cache sharing group, for the tickets
+        self.adapter_paths: dict[str, str] = {}  # adapter -> where its weights are, for the tickets
+        self.adapter_loads: dict[str, list[float]] = {}  # adapter -> [loads, seconds], reported by workers
         self._links: dict[str, _WorkerLink] = {}
         self._server: grpc.aio.Server | None = None
         self._nonces = NonceBook()  # worker credentials taken (each attaches once)
@@ -171,6 +173,7 @@ class DispatcherService:
         block_tokens: int = 0,
         cache_group: str = "",
         klass: str = "",
+        adapter: str = "",
     ) -> Placement:
         """Queue a request; return once the core assigns it. Cancelling the call withdraws it.
 
@@ -180,7 +183,8 @@ class DispatcherService:
         this dispatcher does not know is queued afresh. Never two copies of one request. ``prefix``:
         its prompt's block hashes, salted by ``cache_group`` (the ticket names it, so the worker salts
         the engine's cache the same way; "" : the tenant's own). ``klass``: its request class ("": the
-        default); a class's requests run as their class's leaf and share the tenant's cache."""
+        default); a class's requests run as their class's leaf and share the tenant's cache. ``adapter``:
+        the LoRA adapter it is served with (its path in ``adapter_paths``; "": the base model)."""
         leaf = self.scheduler.class_leaf(tenant, klass).name if klass else tenant
         group = cache_group or tenant
         if group != leaf:
@@ -189,7 +193,9 @@ class DispatcherService:
             self.cache_groups.pop(leaf, None)
         future = self._orphans.pop(request_id, None) if retry else None
         if future is None:
-            future = self._queue(request_id, tenant, prompt_tokens, max_tokens, retry, prefix, block_tokens, klass)
+            future = self._queue(
+                request_id, tenant, prompt_tokens, max_tokens, retry, prefix, block_tokens, klass, adapter
+            )
         try:
             return await future
         except asyncio.CancelledError:
@@ -209,6 +215,7 @@ class DispatcherService:
         prefix: tuple[int, ...] = (),
         block_tokens: int = 0,
         klass: str = "",
+        adapter: str = "",
     ) -> asyncio.Future[Placement]:
         s = self.scheduler
         known = s.in_flight().get(request_id)
@@ -230,6 +237,7 @@ class DispatcherService:
                 prefix=prefix,
                 block_tokens=block_tokens,
                 klass=klass,
+                adapter=adapter,
             )
             if reason is not None:
                 raise rejected(reason, s.last_refusal, s.last_shed)
@@ -282,8 +290,25 @@ class DispatcherService:
             gap=self._gap(tenants, backlogged, data["nodes"]),
             two_u=self.scheduler.fairness_bound(),
             objectives=dict(self.scheduler.waits.views()),
+            adapters=self._adapter_rows(data["workers"]),
         )
         return data
+
+    def _adapter_rows(self, workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Per adapter: the workers holding it on the GPU and in host memory, its loads and their time."""
+        rows: dict[str, dict[str, Any]] = {}
+
+        def row(name: str) -> dict[str, Any]:
+            return rows.setdefault(name, {"gpu": [], "host": [], "loads": 0, "load_seconds": 0.0})
+
+        for w in workers:
+            for name in w.get("gpu_adapters", ()):
+                row(name)["gpu"].append(w["id"])
+            for name in w.get("host_adapters", ()):
+                row(name)["host"].append(w["id"])
+        for name, (loads, seconds) in self.adapter_loads.items():
+            row(name).update(loads=int(loads), load_seconds=seconds)
+        return rows
 
     def _gap(self, tenants: dict[str, Any], backlogged: list[str], nodes: dict[str, Any]) -> float:
         """The largest counter gap between backlogged tenants (in a tree: between backlogged siblings,
@@ -336,8 +361,9 @@ class DispatcherService:
                 continue
             group = self.cache_groups.get(req.tenant, "")
             size = (req.prompt_tokens, req.max_tokens)
+            path = self.adapter_paths.get(req.adapter, "") if req.adapter else ""
             fields = TicketFields(
-                req.id, req.tenant, a.worker_id, now + self._ttl, *size, group, req.priority, req.adapter
+                req.id, req.tenant, a.worker_id, now + self._ttl, *size, group, req.priority, req.adapter, path
             )
             link = self._links.get(a.worker_id)
             future.set_result(
@@ -455,6 +481,10 @@ class DispatcherService:
                 adapters=tuple(r.adapters) if r.adapters or r.host_adapters else None,
                 host_adapters=tuple(r.host_adapters) if r.adapters or r.host_adapters else None,
             )
+            for name, seconds in r.adapter_load_seconds.items():
+                book = self.adapter_loads.setdefault(name, [0, 0.0])
+                book[0] += r.adapter_loads.get(name, 1)
+                book[1] += seconds
             for f in r.finished:
                 done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)
                 if f.reason == FINISH_REVOKED:

@@ -31,6 +31,14 @@ class StateStore(Protocol):
 
     async def delete_node(self, name: str) -> None: ...
 
+    async def load_adapters(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The LoRA adapters to start with (the configuration's, when the store has none yet)."""
+        ...
+
+    async def put_adapter(self, record: dict[str, Any]) -> None: ...
+
+    async def delete_adapter(self, name: str) -> None: ...
+
     async def load_state(self, pool: str = "") -> dict[str, Any] | None: ...
 
     async def save_state(self, state: dict[str, Any], pool: str = "") -> None: ...
@@ -58,6 +66,15 @@ class MemoryStore:
     async def delete_node(self, name: str) -> None:
         return None
 
+    async def load_adapters(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return list(seed)
+
+    async def put_adapter(self, record: dict[str, Any]) -> None:
+        return None
+
+    async def delete_adapter(self, name: str) -> None:
+        return None
+
     async def load_state(self, pool: str = "") -> dict[str, Any] | None:
         return None
 
@@ -69,7 +86,8 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Keys under ``prefix``: ``:tenants`` and ``:nodes`` (hashes name -> JSON record), ``:seeded``,
+    """Keys under ``prefix``: ``:tenants``, ``:nodes`` and ``:adapters`` (hashes name -> JSON record),
+    ``:seeded`` and ``:adapters:seeded``,
     ``:state`` (the first model pool's scheduler) and ``:state:<model>`` (each other pool's)."""
 
     def __init__(self, url: str, prefix: str) -> None:
@@ -79,6 +97,7 @@ class RedisStore:
         self._tenants = f"{prefix}:tenants"
         self._nodes = f"{prefix}:nodes"
         self._seeded = f"{prefix}:seeded"
+        self._adapters = f"{prefix}:adapters"
         self._state = f"{prefix}:state"
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -139,6 +158,33 @@ class RedisStore:
 
     async def delete_node(self, name: str) -> None:
         await self._redis.hdel(self._nodes, name)
+
+    async def load_adapters(self, seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Seeded once on their own (a store seeded before adapters existed still takes the
+        configuration's); after that the admin API changes them."""
+        from redis.exceptions import WatchError
+
+        seeded = f"{self._adapters}:seeded"
+        async with self._redis.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(seeded)
+                if not await pipe.exists(seeded):
+                    pipe.multi()
+                    if seed:
+                        pipe.hset(self._adapters, mapping={a["name"]: json.dumps(a) for a in seed})
+                    pipe.set(seeded, "1")
+                    await pipe.execute()
+                    return list(seed)
+            except WatchError:  # another start seeded them meanwhile: read theirs
+                pass
+        rows = await self._redis.hgetall(self._adapters)
+        return [json.loads(v) for v in rows.values()]
+
+    async def put_adapter(self, record: dict[str, Any]) -> None:
+        await self._redis.hset(self._adapters, record["name"], json.dumps(record))
+
+    async def delete_adapter(self, name: str) -> None:
+        await self._redis.hdel(self._adapters, name)
 
     async def load_state(self, pool: str = "") -> dict[str, Any] | None:
         """The saved scheduler state of one model pool ("": the first model's)."""

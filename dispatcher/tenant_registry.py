@@ -109,6 +109,21 @@ class TenantRegistry:
     def node_records(self) -> list[dict[str, Any]]:
         return [n.to_dict() for n in self.nodes.values()]
 
+    def ancestry(self, tenant: str) -> list[str]:
+        """The tenant's name, its tree nodes up to the root, and the root ("")."""
+        names = [tenant]
+        record = self._by_name.get(tenant)
+        parent = record.parent if record is not None else ""
+        while parent and parent not in names:
+            names.append(parent)
+            node = self.nodes.get(parent)
+            parent = node.parent if node is not None else ""
+        return [*names, ""]
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` is a tree node or a tenant."""
+        return name in self.nodes or name in self._by_name
+
     def tree_order(self) -> list[tuple[str, str, float]]:
         """The nodes as (name, parent, weight), parents first: the order to create them in."""
         return parents_first({n.name: (n.parent, n.weight) for n in self.nodes.values()})

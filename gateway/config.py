@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from common.sections import ConfigError, read_yaml
-from gateway.config_schema import GatewayConfig, WorkerSettings, validate
+from gateway.config_schema import GatewayConfig, WorkerSettings, check_adapters, validate
 from workers.engines import engine_for
 
 
@@ -31,7 +31,9 @@ def parse_config(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[s
         m.model_copy(update={"workers": checked_workers(m.workers, m.workers.engine, m.workers.settings, where)})
         for m in config.models
     ]
-    return config.with_models(models), generated
+    config = config.with_models(models)
+    check_adapters(config, where)
+    return config, generated
 
 
 def checked_workers(workers: WorkerSettings, engine: str, settings: dict[str, Any], where: str) -> WorkerSettings:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from common.tenant_schema import ClassConfig, NodeConfig, TenantEntry
+from common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
 from gateway.config_schema import (
     AutoscalingSettings,
     CostSettings,
@@ -60,6 +60,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("tree", NodeConfig, "each entry of `tree:`"),
     ("classes", ClassConfig, "each entry of `classes:`"),
     ("quotas", QuotaConfig, "each entry of `quotas:`"),
+    ("adapters", AdapterConfig, "each entry of `adapters:`"),
     ("prices", PriceConfig, "each model's entry under `prices:` (money per million tokens)"),
     ("ingress", IngressSettings, "`ingress:`"),
     ("state", StateSettings, "`state:` (FAIRGATE_REDIS_URL wins over `redis_url`)"),

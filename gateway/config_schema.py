@@ -29,7 +29,7 @@ from common.sections import (
     secret_from_env,
     validate_section,
 )
-from common.tenant_schema import MIN_KEY_CHARS, ClassConfig, NodeConfig, TenantConfig, TenantEntry
+from common.tenant_schema import MIN_KEY_CHARS, AdapterConfig, ClassConfig, NodeConfig, TenantConfig, TenantEntry
 from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
 from dispatcher.core.classes import RequestClass
 from dispatcher.core.tree import TreeError, check_tree
@@ -256,6 +256,7 @@ class GatewayConfig(Section):
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     quotas: tuple[QuotaConfig, ...] = ()
     prices: dict[str, PriceConfig] = Field(default_factory=dict)  # model -> its prices
+    adapters: tuple[AdapterConfig, ...] = ()
 
     def plain(self) -> dict[str, Any]:
         """The configuration as plain data (what travels to Serve replicas): key hashes, never keys."""
@@ -267,6 +268,8 @@ class GatewayConfig(Section):
         data["models"] = [
             {**m, "tenants": None if m["tenants"] is None else list(m["tenants"])} for m in data["models"]
         ]
+        data["adapters"] = [{**a, "nodes": list(a["nodes"])} for a in data["adapters"]]
+        data["adapter_models"] = adapter_models(self.models)
         return data
 
     def keyed(self, hasher: KeyHasher) -> GatewayConfig:
@@ -314,6 +317,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         network = validate_section(NetworkSettings, raw.get("network") or {}, "network")
         quotas = _entries(QuotaConfig, raw.get("quotas"), "quotas")
         prices = _prices(raw.get("prices"), models)
+        adapters = _entries(AdapterConfig, raw.get("adapters"), "adapters")
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     generated: dict[str, str] = {}
@@ -351,6 +355,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         network=network,
         quotas=tuple(quotas),
         prices=prices,
+        adapters=tuple(adapters),
     )
     return config, generated
 
@@ -482,6 +487,28 @@ def _classes(raw: Any) -> list[ClassConfig]:
 
 def _tree(raw: Any) -> list[NodeConfig]:
     return _entries(NodeConfig, raw, "tree")
+
+
+def adapter_models(models: tuple[ModelPool, ...] | list[ModelPool]) -> dict[str, bool]:
+    """Each model's name, and whether its workers have adapter slots (``max_loras`` set)."""
+    from workers.engines import engine_for
+
+    return {m.name: engine_for(m.workers.engine).serves_adapters(m.workers.settings) for m in models}
+
+
+def check_adapters(config: GatewayConfig, where: str) -> None:
+    """The adapters, checked by the registry the dispatcher keeps them in, once the engines' settings
+    are checked (whether a pool has adapter slots is its engine's to say): one line naming what is wrong."""
+    from dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
+    from dispatcher.tenant_registry import TenantError
+
+    known = {n.name for n in config.tree} | {t.name for t in config.tenants}
+    registry = AdapterRegistry([], adapter_models(config.models))
+    for a in config.adapters:
+        try:
+            registry.create(AdapterRecord(a.name, a.base_model, a.path, list(a.nodes)), known.__contains__)
+        except TenantError as exc:
+            raise ConfigError(f"{where}: adapters[{a.name}]: {exc}") from None
 
 
 def _check_tree(tree: list[NodeConfig], tenants: list[TenantConfig], classes: list[ClassConfig], where: str) -> None:

@@ -1,4 +1,5 @@
-"""The admin API's request bodies: creating and changing tenants and tenant tree nodes (admin key only)."""
+"""The admin API's request bodies: creating and changing tenants, tenant tree nodes and LoRA adapters
+(admin key only)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,36 @@ class TenantChange:
 
 TENANT_FIELDS = {"weight", "api_key", "cache_group", "parent", "classes"}
 NODE_FIELDS = {"parent", "weight"}
+ADAPTER_FIELDS = {"path", "nodes"}
+
+
+@dataclass(frozen=True)
+class AdapterChange:
+    """A validated adapter create/update body (None: not given, keep; the base model is set at creation)."""
+
+    name: str | None
+    base_model: str | None
+    path: str | None
+    nodes: list[str] | None
+
+
+def adapter_change(body: Any, creating: bool) -> AdapterChange:
+    """Validate an adapter create/update body; the dispatcher's registry checks the rest (the base
+    model, the nodes, the name taken) as it checks the configuration's."""
+    _fields(body, ADAPTER_FIELDS | ({"name", "base_model"} if creating else set()))
+    name = _name(body, creating)
+    base = body.get("base_model")
+    if creating and not isinstance(base, str):
+        raise ApiError(400, "missing required field 'base_model'", param="base_model", code="invalid_request")
+    path = body.get("path")
+    if (creating or path is not None) and not isinstance(path, str):
+        raise ApiError(400, "'path' must be where the adapter's weights are", param="path", code="invalid_request")
+    nodes = body.get("nodes")
+    if (creating or nodes is not None) and (not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
+        raise ApiError(
+            400, "'nodes' must list the tree nodes or tenants that may use it", param="nodes", code="invalid_request"
+        )
+    return AdapterChange(name, base, path, nodes)
 
 
 def tenant_change(body: Any, creating: bool) -> TenantChange:

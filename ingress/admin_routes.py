@@ -1,5 +1,5 @@
-"""The admin API (admin key only): tenants and the tenant tree's nodes, listed, created, changed and
-deleted in the dispatcher's registry, and its stats. A part of ``Ingress`` (``ingress/deployment.py``)."""
+"""The admin API (admin key only): tenants, the tenant tree's nodes and LoRA adapters, listed, created,
+changed and deleted in the dispatcher's registries, and its stats. A part of ``Ingress`` (``ingress/deployment.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 
 from common.openai_errors import ApiError
-from ingress.admin_api import TenantChange, node_change, tenant_change
+from ingress.admin_api import TenantChange, adapter_change, node_change, tenant_change
 
 
 def _raise_error(result: dict[str, Any]) -> None:
@@ -19,7 +19,7 @@ def _raise_error(result: dict[str, Any]) -> None:
 
 
 class AdminRoutes:
-    """``/admin/tenants`` and ``/admin/nodes``, and ``/admin/stats``."""
+    """``/admin/tenants``, ``/admin/nodes`` and ``/admin/adapters``, and ``/admin/stats``."""
 
     async def admin_list(self, request: Request) -> dict[str, Any]:
         await self._admin(request)
@@ -58,6 +58,25 @@ class AdminRoutes:
         await self._admin(request)
         return await self._change_node("delete", name, None, None)
 
+    async def admin_adapters(self, request: Request) -> dict[str, Any]:
+        """The LoRA adapters: name, base model, where the weights are, who may use them."""
+        await self._admin(request)
+        return {"object": "list", "data": await self._dispatcher.list_adapters()}
+
+    async def admin_create_adapter(self, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        c = adapter_change(await self._json_body(request), creating=True)
+        return await self._change_adapter("create", c.name or "", c.base_model, c.path, c.nodes)
+
+    async def admin_update_adapter(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        c = adapter_change(await self._json_body(request), creating=False)
+        return await self._change_adapter("update", name, None, c.path, c.nodes)
+
+    async def admin_delete_adapter(self, name: str, request: Request) -> dict[str, Any]:
+        await self._admin(request)
+        return await self._change_adapter("delete", name, None, None, None)
+
     async def admin_usage(self, request: Request) -> dict[str, Any]:
         """Every token quota: used, held, left and when its window turns."""
         await self._admin(request)
@@ -78,6 +97,14 @@ class AdminRoutes:
             self._keys.forget_tenant(name)
         if key_hash is not None:  # its new key is known here at once, whatever floods the look-ups
             self._keys.put(key_hash, name)
+        return result
+
+    async def _change_adapter(
+        self, action: str, name: str, base_model: str | None, path: str | None, nodes: list[str] | None
+    ) -> dict[str, Any]:
+        result = await self._dispatcher.change_adapter(action, name, base_model, path, nodes)
+        _raise_error(result)
+        self._pools.forget_adapters()  # this replica's tenants see the change at once; others within seconds
         return result
 
     async def _change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:

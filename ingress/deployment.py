@@ -35,7 +35,7 @@ from ingress.listener import DirectListener
 from ingress.observability_routes import ObservabilityRoutes
 from ingress.open_requests import OpenRequests, released_after
 from ingress.openai_api import ChatFields, CompletionFields, parse_json
-from ingress.pools import ModelPools
+from ingress.pools import ModelPools, Served, not_found
 from ingress.service_tier import echo_tier
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
@@ -80,7 +80,6 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         """``listen``: host:port of the direct front door (``ingress/listener.py``); None when Serve's
         own front door (its proxy or HAProxy) brings the requests."""
         configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
-        self._pools = ModelPools(gateway)
         self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
         self._body_timeout_s = float(gateway["ingress"]["body_timeout_s"])
         self._open = OpenRequests(int(gateway["ingress"]["max_open_per_tenant"]))
@@ -91,6 +90,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
         self._admin_key_hash = gateway.get("admin_key_hash", "")
         self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, gateway, secret), DISPATCHER_WAIT_S)
+        self._pools = ModelPools(gateway, self._dispatcher.adapters_for)
         self._admission = AdmissionClient(
             self._dispatcher.admission_address,
             secret,
@@ -142,6 +142,10 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             ("/admin/nodes", self.admin_create_node, ["POST"], 201),
             ("/admin/nodes/{name}", self.admin_update_node, ["PATCH"], 200),
             ("/admin/nodes/{name}", self.admin_delete_node, ["DELETE"], 200),
+            ("/admin/adapters", self.admin_adapters, ["GET"], 200),
+            ("/admin/adapters", self.admin_create_adapter, ["POST"], 201),
+            ("/admin/adapters/{name:path}", self.admin_update_adapter, ["PATCH"], 200),
+            ("/admin/adapters/{name:path}", self.admin_delete_adapter, ["DELETE"], 200),
             ("/admin/stats", self.admin_stats, ["GET"], 200),
             ("/admin/usage", self.admin_usage, ["GET"], 200),
         ):
@@ -153,7 +157,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
     async def models(self, request: Request) -> dict[str, Any]:
         """The models this tenant may use."""
         tenant = await self._tenant(request)
-        return {"object": "list", "data": self._pools.listing(tenant)}
+        return {"object": "list", "data": await self._pools.listing(tenant)}
 
     async def usage(self, request: Request) -> dict[str, Any]:
         """The caller's own token quotas (its tenant's and its tree nodes'): used, held, left, reset."""
@@ -162,7 +166,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
 
     async def model(self, model: str, request: Request) -> dict[str, Any]:
         tenant = await self._tenant(request)
-        return self._pools.pool(model, tenant).card()
+        return await self._pools.card(model, tenant)
 
     # ------------------------------------------------------------------ one request
 
@@ -183,7 +187,8 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
     async def _answer(self, request: Request, endpoint: str, tenant: str, key_hash: str) -> ASGIApp:
         raw = await self._raw_body(request)
         req = parse_body(ChatFields if endpoint == "chat" else CompletionFields, parse_json(raw))
-        pool = self._pools.pool(req.model, tenant)
+        served = await self._pools.served(req.model, tenant)
+        pool = served.pool
         if len(raw) > INLINE_TOKENIZE_BYTES:  # long prompts: tokenized off the event loop
             admitted = await asyncio.to_thread(pool.prompting.admit, req)
         else:
@@ -201,6 +206,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
                 "fairgate.request_id": rid,
                 "fairgate.tenant": tenant,
                 "fairgate.model": pool.name,
+                "fairgate.adapter": served.adapter,
                 "fairgate.stream": bool(req.stream),
                 "fairgate.prompt_tokens": admitted.prompt_tokens,
                 "fairgate.max_tokens": admitted.max_tokens,
@@ -218,13 +224,14 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
                     admitted.prefix,
                     admitted.block_tokens,
                     tier=req.service_tier,
+                    adapter=served.adapter,
                 )
                 trace.dispatched(queue, placement.worker_id, placement.counter)
         except BaseException as exc:
             trace.finish(admitted.prompt_tokens, 0, None, error=type(exc).__name__)
             raise
         outcome = Outcome()
-        data = self._generate(pool.name, tenant, key_hash, placement, generate_request, outcome, trace)
+        data = self._generate(served, tenant, key_hash, placement, generate_request, outcome, trace)
         error = ""
         try:
             first = await anext(data, b"")
@@ -299,10 +306,11 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         block_tokens: int = 0,
         retry: bool = False,
         tier: str | None = None,
+        adapter: str = "",
     ) -> pb.SubmitReply:
         """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
         restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
-        key again, and the request class (``tier``) the key may use. Cancelling (the client left while
+        key again, the request class (``tier``) and the ``adapter`` the key may use. Cancelling (the client left while
         queued) withdraws the request."""
         request = pb.SubmitRequest(
             request_id=rid,
@@ -315,6 +323,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             prefix=prefix,
             block_tokens=block_tokens,
             tier=tier,
+            adapter=adapter,
         )
         try:
             placement = await self._admission.submit(request)
@@ -323,12 +332,14 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         if placement.rejected:
             if placement.rejected == "class_not_allowed":
                 raise ApiError(400, placement.message, param="service_tier", code="invalid_service_tier")
+            if placement.rejected == "model_not_found":  # the adapter was deleted or taken from it meanwhile
+                raise not_found(adapter)
             raise rejection_error(placement.rejected, placement.message, placement.retry_after_s)
         return placement
 
     async def _generate(
         self,
-        model: str,
+        served: Served,
         tenant: str,
         key_hash: str,
         placement: pb.SubmitReply,
@@ -343,6 +354,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         it ends before its worker sent anything (a failure, the client leaving), its reservation is
         freed at once: no one waits for its ticket to expire."""
         rid = placement.ticket.request_id
+        model = served.pool.name
         attempt = revoked = 0
         try:
             while True:
@@ -366,9 +378,16 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
                     revoked += 1
                 else:
                     await asyncio.sleep(0.05 * 2 ** (attempt - 1))
-                served = placement.service_tier or None  # the same class as before
                 placement = await self._submit(
-                    model, rid, tenant, key_hash, request.prompt_tokens, request.max_tokens, retry=True, tier=served
+                    model,
+                    rid,
+                    tenant,
+                    key_hash,
+                    request.prompt_tokens,
+                    request.max_tokens,
+                    retry=True,
+                    tier=placement.service_tier or None,  # the same class as before
+                    adapter=served.adapter,
                 )
         finally:
             self._release_unstarted(model, rid, outcome)

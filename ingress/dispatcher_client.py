@@ -61,6 +61,19 @@ class DispatcherClient:
     async def change_node(self, action: str, name: str, parent: str | None, weight: float | None) -> dict[str, Any]:
         return await self._call(lambda: self._actor.change_node.remote(action, name, parent, weight))
 
+    async def adapters_for(self, tenant: str) -> list[dict[str, str]]:
+        """The adapters ``tenant`` may use: {name, base_model} each."""
+        return await self._call(lambda: self._actor.adapters_for.remote(tenant))
+
+    async def list_adapters(self) -> list[dict[str, Any]]:
+        return await self._call(lambda: self._actor.list_adapters.remote())
+
+    async def change_adapter(
+        self, action: str, name: str, base_model: str | None, path: str | None, nodes: list[str] | None
+    ) -> dict[str, Any]:
+        """create / update / delete; the adapter's row, or ``{"error": (status, message)}``."""
+        return await self._call(lambda: self._actor.change_adapter.remote(action, name, base_model, path, nodes))
+
     def release(self, request_id: str, model: str) -> None:
         """Free the assignment of a request given up before its worker sent anything (not awaited: it
         may run while the client leaves)."""

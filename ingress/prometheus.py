@@ -82,6 +82,7 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
             families.append(family)
     objectives: dict[str, dict[str, Any]] = (snapshot.get("objectives") or {}) if inside else {}
     families += _objective_families(objectives)
+    families += _adapter_families(snapshot) if inside else []
     scalars = [
         ("fairgate_fairness_gap", "Largest counter gap between backlogged siblings", snapshot["gap"]),
         ("fairgate_fairness_bound_2u", "VTC's bound 2U for that gap, for the current pool", snapshot["two_u"]),
@@ -140,6 +141,32 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
     registry = CollectorRegistry()
     registry.register(_Families(families))
     return generate_latest(registry)
+
+
+def _adapter_families(snapshot: dict[str, Any]) -> list[Any]:
+    """Per LoRA adapter: where it is resident (worker and tier), its loads and the time they took."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    pools = snapshot.get("pools") or {"": snapshot}
+    rows = [(name, row) for pool in pools.values() for name, row in (pool.get("adapters") or {}).items()]
+    resident = GaugeMetricFamily(
+        "fairgate_adapter_resident",
+        "1 where a LoRA adapter is loaded (tier: gpu or host)",
+        labels=["adapter", "worker", "tier"],
+    )
+    loads = CounterMetricFamily(
+        "fairgate_adapter_loads", "Loads of a LoRA adapter reported by workers", labels=["adapter"]
+    )
+    seconds = CounterMetricFamily(
+        "fairgate_adapter_load_seconds", "Time workers spent loading a LoRA adapter", labels=["adapter"]
+    )
+    for name, row in rows:
+        for tier in ("gpu", "host"):
+            for worker in row[tier]:
+                resident.add_metric([name, worker, tier], 1.0)
+        loads.add_metric([name], row["loads"])
+        seconds.add_metric([name], row["load_seconds"])
+    return [resident, loads, seconds] if rows else []
 
 
 def _objective_families(objectives: dict[str, dict[str, Any]]) -> list[Any]:

@@ -373,6 +373,15 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         yield _refusal(400, str(exc) if isinstance(exc, BodyRefused) else "the request body is not valid JSON")
         return
     body["cache_salt"] = w.cache_salt(t.cache_group or t.tenant)  # its sharing group's, else its own
+    if t.adapter:  # the adapter its ticket names, whatever the body says: loaded now if it is not yet
+        body["model"] = t.adapter
+        try:
+            await w.runner.prepare_adapter(t.adapter, t.adapter_path)
+        except Exception as exc:
+            w.settle_unreached(t.request_id)
+            log.warning("worker: adapter %s could not be loaded from %s: %s", t.adapter, t.adapter_path, exc)
+            yield _refusal(500, f"the adapter {t.adapter!r} could not be loaded", "server_error", "adapter_unavailable")
+            return
     span = tracer().start_span(
         "fairgate.worker.generate",
         context=extract_context(request.trace_context),
@@ -390,7 +399,8 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         t.tenant, request.prompt_tokens, request.max_tokens, ticket_expires_at=t.expires_at
     )
     scope = contextvars.copy_context()
-    scope.run(current_grant.set, TicketGrant(t.request_id, t.tenant, body["cache_salt"], t.priority))
+    grant = TicketGrant(t.request_id, t.tenant, body["cache_salt"], t.priority, t.adapter, t.adapter_path)
+    scope.run(current_grant.set, grant)
     response = None
     assert w.openai_app is not None
     try:
@@ -475,8 +485,10 @@ def _check_ticket(w: Worker, request: pb.GenerateRequest) -> None:
         raise _Refused("permission_denied", "this ticket was used already", retryable=True)
 
 
-def _refusal(status: int, message: str) -> pb.GenerateChunk:
-    body = ApiError(status, message, code="invalid_request").body()
+def _refusal(
+    status: int, message: str, type_: str = "invalid_request_error", code: str = "invalid_request"
+) -> pb.GenerateChunk:
+    body = ApiError(status, message, type_=type_, code=code).body()
     return pb.GenerateChunk(
         data=json.dumps(body).encode(), status=status, content_type="application/json", finish_reason="error"
     )
@@ -525,6 +537,9 @@ def _merge_queued(
         if r.adapters or r.host_adapters:  # where adapters are: the last step's
             merged.adapters[:] = r.adapters
             merged.host_adapters[:] = r.host_adapters
+        for name, seconds in r.adapter_load_seconds.items():  # loads: all of them
+            merged.adapter_load_seconds[name] = merged.adapter_load_seconds.get(name, 0.0) + seconds
+            merged.adapter_loads[name] = merged.adapter_loads.get(name, 0) + r.adapter_loads.get(name, 1)
     del merged.new_tokens[:]
     merged.new_tokens.extend(pb.TokenCount(request_id=rid, tokens=k) for rid, k in tokens.items())
     return pb.WorkerMessage(report=merged), held
@@ -552,4 +567,6 @@ def _report_message(report: StepReport, known: Callable[[str], _Running | None])
         step_seconds=report.duration_s,
         adapters=report.adapters,
         host_adapters=report.host_adapters,
+        adapter_load_seconds=report.adapter_loads,
+        adapter_loads={name: 1 for name in report.adapter_loads},
     )

@@ -17,7 +17,7 @@ class AdmissionFrame(_message.Message):
     def __init__(self, token: _Optional[str] = ..., submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., withdraw: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "prompt_tokens", "max_tokens", "retry", "key_hash", "model", "prefix", "block_tokens", "tier")
+    __slots__ = ("request_id", "tenant", "prompt_tokens", "max_tokens", "retry", "key_hash", "model", "prefix", "block_tokens", "tier", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class SubmitRequest(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     prompt_tokens: int
@@ -38,7 +39,8 @@ class SubmitRequest(_message.Message):
     prefix: _containers.RepeatedScalarFieldContainer[int]
     block_tokens: int
     tier: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id", "retry_after_s")
@@ -113,7 +115,21 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads")
+    class AdapterLoadSecondsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class AdapterLoadsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     STARTED_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +139,8 @@ class StepReport(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     HOST_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_LOADS_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -132,7 +150,9 @@ class StepReport(_message.Message):
     step_seconds: float
     adapters: _containers.RepeatedScalarFieldContainer[str]
     host_adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    adapter_load_seconds: _containers.ScalarMap[str, float]
+    adapter_loads: _containers.ScalarMap[str, int]
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id", "prompt_tokens", "tenant", "max_tokens", "cached_tokens")
@@ -221,7 +241,7 @@ class Revoke(_message.Message):
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
 
 class Ticket(_message.Message):
-    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group", "priority", "adapter")
+    __slots__ = ("request_id", "tenant", "worker_id", "expires_at", "signature", "prompt_tokens", "max_tokens", "cache_group", "priority", "adapter", "adapter_path")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +252,7 @@ class Ticket(_message.Message):
     CACHE_GROUP_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_PATH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     worker_id: str
@@ -242,7 +263,8 @@ class Ticket(_message.Message):
     cache_group: str
     priority: int
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
+    adapter_path: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., worker_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., signature: _Optional[bytes] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., cache_group: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ..., adapter_path: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("ticket", "endpoint", "body", "prompt_tokens", "max_tokens", "choices", "trace_context")

@@ -88,6 +88,8 @@ def start_deploy(
     ingress: dict[str, Any] | None = None,
     quotas: list[dict[str, Any]] | None = None,
     revoke: bool = False,
+    adapters: list[dict[str, Any]] | None = None,
+    max_loras: int | None = None,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -100,7 +102,8 @@ def start_deploy(
     its configuration (``parent``, ``classes``). ``engine_queue``: requests that may wait inside an
     engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue).
     ``ingress``: more of the ingress section; ``quotas``: token quotas; ``revoke``: revocation by
-    over-service."""
+    over-service; ``adapters``: LoRA adapters, on workers with ``max_loras`` slots (simulated ones:
+    vLLM's are in ``vllm``)."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -146,6 +149,10 @@ def start_deploy(
         raw["quotas"] = quotas
     if revoke:
         raw["revoke"] = True
+    if adapters is not None:
+        raw["adapters"] = adapters
+    if max_loras is not None:
+        raw["workers"]["max_loras"] = max_loras
     if classes is not None:
         raw["classes"] = classes
     if models is not None:

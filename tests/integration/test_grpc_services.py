@@ -828,9 +828,9 @@ async def _admission_token_and_placement():
         assert reply.ticket.request_id == "r1" and reply.ticket.cache_group == "grp"
         signed = TicketFields("r1", "alice", "w0", reply.ticket.expires_at, 7, 9, "grp")
         assert reply.ticket.signature == sign(SECRET, signed)
-        assert submits.calls[0] == ("r1", "alice", 7, 9, False, "h", None, (3, 2**62), 0, None)  # no tier: the default
-        await client.submit(pb.SubmitRequest(request_id="r2", tenant="alice", tier=""))
-        assert submits.calls[1][-1] == ""  # an empty tier is the client's, not absent
+        assert submits.calls[0] == ("r1", "alice", 7, 9, False, "h", None, (3, 2**62), 0, None, "")  # default tier
+        await client.submit(pb.SubmitRequest(request_id="r2", tenant="alice", tier="", adapter="acme/support"))
+        assert submits.calls[1][-2:] == ("", "acme/support")  # an empty tier is the client's, not absent
         assert (await client.submit(pb.SubmitRequest(request_id="r3", tenant="nobody"))).rejected == "unknown_key"
 
         submit = pb.AdmissionFrame(submit=pb.SubmitRequest(request_id="x", tenant="alice"))

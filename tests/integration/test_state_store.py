@@ -129,3 +129,26 @@ def test_state_section_defaults_to_memory_and_env_url_wins(monkeypatch):
 def test_bad_state_sections_are_refused(state):
     with pytest.raises(ConfigError, match="state"):
         parse_config({**BASE, "state": state})
+
+
+ADAPTERS = [{"name": "support", "base_model": "m", "path": "/w/support", "nodes": ["org"]}]
+
+
+def test_configured_adapters_seed_redis_once_even_when_its_tenants_were_seeded_before(redis_url):
+    """A store seeded before adapters existed still takes the configuration's adapters, once; then the
+    admin API's changes are what a restarted dispatcher finds."""
+    app = "adapters-" + uuid.uuid4().hex[:6]
+
+    async def scenario():
+        first = await open_store({"redis_url": redis_url}, app)
+        await first.load_tenants(SEED, NODES)  # an older gateway's start
+        assert await first.load_adapters(ADAPTERS) == ADAPTERS
+        await first.put_adapter({"name": "sales", "base_model": "m", "path": "/w/sales", "nodes": [""]})
+        await first.delete_adapter("support")
+        await first.close()
+        again = await open_store({"redis_url": redis_url}, app)
+        loaded = await again.load_adapters([{**ADAPTERS[0], "path": "/elsewhere"}])
+        await again.close()
+        return loaded
+
+    assert run(scenario()) == [{"name": "sales", "base_model": "m", "path": "/w/sales", "nodes": [""]}]

@@ -39,6 +39,8 @@ class TicketGrant:
     tenant: str
     cache_salt: str = ""
     priority: int = 0  # the dispatcher's preemption rank (larger: preempted first)
+    adapter: str = ""  # the LoRA adapter the ticket names ("": the base model)
+    adapter_path: str = ""  # where its weights are
 
 
 current_grant: ContextVar[TicketGrant | None] = ContextVar("fairgate_grant", default=None)
@@ -58,6 +60,7 @@ class GenerationParams:
     templated: bool = False  # a chat template was applied: tokenize without adding special tokens
     cache_salt: str = ""  # the prefix cache keeps prompts of different salts apart
     priority: int = 0  # the engine's preemption rank, where it takes one (larger: preempted first)
+    adapter: str = ""  # the LoRA adapter it is served with ("": the base model)
 
 
 @dataclass(slots=True)
@@ -93,6 +96,7 @@ class StepReport:
     preempted: int = 0  # requests the engine preempted for room (the simulated engine counts them)
     adapters: tuple[str, ...] = ()  # LoRA adapters loaded on the GPU after the step, least recently used first
     host_adapters: tuple[str, ...] = ()  # and those cached in host memory
+    adapter_loads: dict[str, float] = field(default_factory=dict)  # adapter -> seconds its loads took this step
 
 
 StepCallback = Callable[[StepReport], None]
@@ -134,6 +138,11 @@ class EngineRunner(Protocol):
     async def openai_app(self) -> ASGIApp:
         """The engine's own OpenAI layer over this runner (after ``start``): ``/v1/chat/completions`` and
         ``/v1/completions``. Every generation it starts uses ``current_grant``'s request id."""
+        ...
+
+    async def prepare_adapter(self, name: str, path: str) -> None:
+        """Make the LoRA adapter ``name`` (weights at ``path``) servable under that model name before a
+        request for it goes to the OpenAI layer; the engine loads it onto its GPU when a batch needs it."""
         ...
 
     def pop_reached(self, request_id: str) -> bool:
@@ -195,6 +204,10 @@ class EnginePlugin:
     def block_size(self, settings: Settings) -> int:
         """Tokens per KV block of the engine's prefix cache (what the ingress hashes prompts by)."""
         return 16
+
+    def serves_adapters(self, settings: Settings) -> bool:
+        """Whether these settings give the engine LoRA adapter slots (adapters may name this model)."""
+        return False
 
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         """KV tokens and batch limit of one replica, used before replicas report their own."""

@@ -69,6 +69,7 @@ class AdapterCache:
         self.gpu_loads = 0  # host to GPU copies
         self.disk_loads = 0  # disk to host loads
         self.load_s = 0.0  # time steps spent on loads, in all
+        self.step_loads: dict[str, float] = {}  # adapter -> seconds its loads took in the last step
 
     def fits(self, batch: Iterable[str], adapter: str) -> bool:
         """Whether a request for ``adapter`` ("": the base model) may join a batch holding ``batch``."""
@@ -81,17 +82,20 @@ class AdapterCache:
         """Put every adapter of a step's batch on the GPU; the time the loads take."""
         needed = {a for a in batch if a}
         spent = 0.0
+        self.step_loads = {}
         for adapter in sorted(needed):
             if adapter in self.gpu:
                 self.gpu.move_to_end(adapter)
                 self.host.move_to_end(adapter)
                 continue
+            took = self.settings.host_to_gpu_s
             if adapter not in self.host:
-                spent += self.settings.disk_to_host_s
+                took += self.settings.disk_to_host_s
                 self.disk_loads += 1
             self.host[adapter] = None
             self.host.move_to_end(adapter)
-            spent += self.settings.host_to_gpu_s
+            spent += took
+            self.step_loads[adapter] = took
             self.gpu_loads += 1
             self.gpu[adapter] = None
         _evict(self.gpu, self.settings.max_loras, needed)

@@ -229,6 +229,8 @@ class SimulatedEngine:
         if self.adapters is not None:
             report.adapters = tuple(self.adapters.gpu)
             report.host_adapters = tuple(self.adapters.host)
+            report.adapter_loads = self.adapters.step_loads
+            self.adapters.step_loads = {}
         return report
 
     # ------------------------------------------------------------ internals

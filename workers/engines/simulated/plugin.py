@@ -38,6 +38,7 @@ class SimulatedPlugin(EnginePlugin):
             prefix_caching=s.prefix_caching,
             preempt_by=s.preempt_by,
             watermark=s.watermark,
+            adapters=s.adapter_settings(),
         )
         return SimulatedRunner(engine)
 
@@ -50,6 +51,9 @@ class SimulatedPlugin(EnginePlugin):
         step = {"step_overhead_s": float(options.get("step_ms") or 1.0) / 1000, "prefill_per_token_s": 0.0}
         step |= {"decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0}
         return {"kv_tokens": options.get("kv_tokens") or 1_000_000, "block_size": 1, "step_model": step}, "fairgate-sim"
+
+    def serves_adapters(self, settings: Settings) -> bool:
+        return SimulatedSettings.model_validate(settings).max_loras is not None
 
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         s = SimulatedSettings.model_validate(settings)

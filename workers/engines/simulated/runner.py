@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from common.prefix_hashes import block_hashes
+from common.prefix_hashes import block_hashes, for_adapter
 from dispatcher.core.reasons import FINISH_REVOKED
 from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCallback, StepReport
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
@@ -62,6 +62,9 @@ class SimulatedRunner:
 
         return build_openai_app(self)
 
+    async def prepare_adapter(self, name: str, path: str) -> None:
+        """Nothing to register: the engine model loads an adapter when a batch needs it."""
+
     def pop_reached(self, request_id: str) -> bool:
         if request_id in self._reached:
             self._reached.discard(request_id)
@@ -88,6 +91,7 @@ class SimulatedRunner:
         prompt_tokens = len(tokens)
         block = self.cache_block
         prefix = block_hashes(tokens, block, params.cache_salt) if self.engine.prefix_caching else ()
+        prefix = for_adapter(prefix, params.adapter)  # a prefix under one adapter is no hit under another
         seed = params.seed if params.seed is not None else stable_seed(request_id)
         target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))
         queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
@@ -104,6 +108,7 @@ class SimulatedRunner:
                 prefix=prefix,
                 prefix_block=block,
                 priority=params.priority,
+                adapter=params.adapter,
             )
         )
         self._wake.set()

@@ -1,8 +1,9 @@
 """The simulated engine's settings: the ``workers`` section's ``kv_tokens``, ``block_size``,
 ``max_running``, ``prefix_caching``, ``preempt_by`` (``priority``: the dispatcher's ranks choose the
 preemption victims; ``newest``: vLLM's default), ``watermark`` (the KV fraction kept free when
-admitting) and ``step_model`` (a preset name, ``a10g-llama7b`` or ``h200-llama3-8b``, or the model's
-coefficients)."""
+admitting), ``max_loras`` and ``max_cpu_loras`` (LoRA adapter slots on the GPU and in host memory, as
+vLLM's flags of those names; none: the engine serves no adapters) and ``step_model`` (a preset name,
+``a10g-llama7b`` or ``h200-llama3-8b``, or the model's coefficients)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from workers.engines.simulated.adapters import AdapterSettings
 from workers.engines.simulated.steptime import StepTimeModel
 
 STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h200-llama3-8b": StepTimeModel.h200_llama3_8b}
@@ -29,10 +31,17 @@ class SimulatedSettings(BaseModel):
         "priority", description="preemption victims: the dispatcher's ranks, or the newest (vLLM's default)"
     )
     watermark: float = Field(0.0, ge=0.0, lt=1.0, description="share of the pool kept free when admitting")
+    max_loras: int | None = Field(None, ge=1, description="adapters a batch holds at once (none: no adapters)")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept in host memory (none: 4x max_loras)")
     step_model: dict[str, float] = Field(
         default_factory=lambda: StepTimeModel.a10g_llama7b().to_dict(),
         description="a10g-llama7b, h200-llama3-8b or the step-time coefficients",
     )
+
+    def adapter_settings(self) -> AdapterSettings | None:
+        if self.max_loras is None:
+            return None
+        return AdapterSettings(self.max_loras, self.max_cpu_loras or 4 * self.max_loras)
 
     @field_validator("step_model", mode="before")
     @classmethod

@@ -77,6 +77,7 @@ async def build_vllm_app(runner: Any) -> Any:
     tasks = await runner.llm.get_supported_tasks()
     app = build_app(args, tasks, runner.llm.model_config)
     await init_app_state(engine, app.state, args, tasks)
+    runner.serving_models = app.state.openai_serving_models  # where the worker registers adapters
     app.user_middleware = [
         m for m in app.user_middleware if getattr(m.cls, "__name__", "") not in SERVER_ONLY_MIDDLEWARE
     ]

@@ -50,6 +50,9 @@ class VllmPlugin(EnginePlugin):
     def block_size(self, settings: Settings) -> int:
         return VllmSettings.from_dict(settings["vllm"]).block_size or 16  # 16 on GPUs, 32 on CPUs: both divide 256
 
+    def serves_adapters(self, settings: Settings) -> bool:
+        return VllmSettings.from_dict(settings["vllm"]).max_loras is not None
+
     def capacity(self, settings: Settings) -> tuple[int, int | None]:
         vllm = VllmSettings.from_dict(settings["vllm"])
         return vllm.kv_tokens or settings["kv_tokens"], vllm.max_num_seqs

@@ -34,6 +34,7 @@ class _Pending:
     cached: dict[str, int] = field(default_factory=dict)
     new_tokens: dict[str, int] = field(default_factory=dict)
     finished: list[FinishedRequest] = field(default_factory=list)
+    adapter_loads: dict[str, float] = field(default_factory=dict)
 
 
 WARM_UP_PROMPT_TOKENS = 32
@@ -47,7 +48,11 @@ class VllmRunner:
         self.block_size = 0
         self.max_running: int | None = None
         self.watermark_tokens = 0
-        self.max_loras: int | None = None  # adapters are not loaded through this runner yet
+        self.max_loras = settings.max_loras
+        self.serving_models: Any = None  # vLLM's OpenAI layer's registry of models (set with its app)
+        self._adapters: dict[str, str] = {}  # registered adapter -> its weights' path
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
+        self._gpu_adapters: tuple[str, ...] = ()  # those of vLLM's running batch, as of its last step
         self.takes_priority = False  # vLLM runs its priority policy: requests carry the dispatcher's ranks
         self.llm: Any = None
         self._on_step: StepCallback = lambda _report: None
@@ -221,6 +226,27 @@ class VllmRunner:
                 self._finish(request_id, generated, "abort")
             self._engine_ids.pop(request_id, None)
 
+    async def prepare_adapter(self, name: str, path: str) -> None:
+        """Register the adapter with vLLM's serving layer once (again when its path changed), as its
+        ``/v1/load_lora_adapter`` would: vLLM reads the weights into its host cache now and moves them
+        to the GPU when a batch needs them, evicting the least recently used (``max_loras``,
+        ``max_cpu_loras``). The registration's time is reported as the adapter's load."""
+        if self._adapters.get(name) == path:
+            return
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
+
+        async with self._adapter_locks.setdefault(name, asyncio.Lock()):
+            if self._adapters.get(name) == path:
+                return
+            began = time.monotonic()
+            request = LoadLoRAAdapterRequest(lora_name=name, lora_path=path, load_inplace=name in self._adapters)
+            result = await self.serving_models.load_lora_adapter(request)
+            if not isinstance(result, str):  # vLLM's ErrorResponse
+                raise RuntimeError(result.error.message)
+            self._adapters[name] = path
+            self._pending.adapter_loads[name] = self._pending.adapter_loads.get(name, 0.0) + time.monotonic() - began
+            self._schedule_flush()
+
     def pop_reached(self, request_id: str) -> bool:
         if request_id in self._reached:
             self._reached.discard(request_id)
@@ -255,9 +281,10 @@ class VllmRunner:
             self._pending.finished.append(FinishedRequest(request_id, generated, reason))
             self._schedule_flush()  # an abort may come while the engine is idle: report it anyway
 
-    def _on_engine_step(self, free_fraction: float, running: int, waiting: int) -> None:
+    def _on_engine_step(self, free_fraction: float, running: int, waiting: int, adapters: tuple[str, ...]) -> None:
         """Called by vLLM's output loop once per engine step, after the step's outputs were queued."""
         self.steps += 1
+        self._gpu_adapters = adapters
         self._free_blocks = round(free_fraction * (self.kv_tokens // max(1, self.block_size)))
         self._running, self._waiting = running, waiting
         self._schedule_flush()
@@ -280,6 +307,9 @@ class VllmRunner:
             free_tokens=self.free_tokens(),
             running=self._running if self._active else 0,
             waiting=self._waiting if self._active else 0,
+            adapters=self._gpu_adapters if self._active else (),
+            host_adapters=tuple(self._adapters),
+            adapter_loads=pending.adapter_loads,
         )
         self._last_flush = now
         self._on_step(report)

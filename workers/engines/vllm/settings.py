@@ -39,6 +39,9 @@ class VllmSettings(BaseModel):
     cpu_threads: int | None = Field(
         None, ge=1, description="CPU kernel threads, unpinned (none: the process's, Ray gives 1, and vLLM's pinning)"
     )
+    max_loras: int | None = Field(None, ge=1, description="LoRA adapters a batch holds at once (none: no adapters)")
+    max_cpu_loras: int | None = Field(None, ge=1, description="LoRA adapters kept in host memory (none: vLLM's)")
+    max_lora_rank: int = Field(16, ge=1, description="the largest adapter rank served")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="anything else, passed to AsyncEngineArgs")
     serve_args: list[str] = Field(
         default_factory=list,
@@ -127,6 +130,10 @@ class VllmSettings(BaseModel):
             args["max_model_len"] = self.max_model_len
         if self.max_num_seqs:
             args["max_num_seqs"] = self.max_num_seqs
+        if self.max_loras:  # adapters are registered by the worker as tickets name them
+            args |= {"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank}
+            if self.max_cpu_loras:
+                args["max_cpu_loras"] = self.max_cpu_loras
         if on_cpu:
             # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps kills the engine
             # ("CPU Generator does not use offset"), so prefills are never split there.

@@ -7,8 +7,8 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-# (free KV fraction, running requests, waiting requests)
-StepListener = Callable[[float, int, int], None]
+# (free KV fraction, running requests, waiting requests, the LoRA adapters of the running batch)
+StepListener = Callable[[float, int, int, tuple[str, ...]], None]
 
 
 class StepLogger(StatLoggerBase):
@@ -27,6 +27,7 @@ class StepLogger(StatLoggerBase):
                 1.0 - float(scheduler_stats.kv_cache_usage),
                 int(scheduler_stats.num_running_reqs),
                 int(scheduler_stats.num_waiting_reqs),
+                tuple(name for name, n in scheduler_stats.running_lora_adapters.items() if n),
             )
 
     def log_engine_initialized(self) -> None:
