@@ -53,6 +53,8 @@ class VllmRunner:
         self._adapters: dict[str, str] = {}  # registered adapter -> its weights' path
         self._adapter_locks: dict[str, asyncio.Lock] = {}
         self._gpu_adapters: tuple[str, ...] = ()  # those of vLLM's running batch, as of its last step
+        self._host_adapters: tuple[str, ...] = ()  # those in vLLM's host cache, as last asked
+        self._asking: asyncio.Task[None] | None = None
         self.takes_priority = False  # vLLM runs its priority policy: requests carry the dispatcher's ranks
         self.llm: Any = None
         self._on_step: StepCallback = lambda _report: None
@@ -246,6 +248,23 @@ class VllmRunner:
             self._adapters[name] = path
             self._pending.adapter_loads[name] = self._pending.adapter_loads.get(name, 0.0) + time.monotonic() - began
             self._schedule_flush()
+            self._ask_host_cache()
+
+    def _ask_host_cache(self) -> None:
+        """Which adapters vLLM's host cache holds (``max_cpu_loras``, least recently used evicted), asked
+        in the background after a registration and whenever a step runs an adapter it is not known to
+        hold; one back in it after an eviction counts as a load (its time is not known)."""
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.get_running_loop().create_task(self._read_host_cache())
+
+    async def _read_host_cache(self) -> None:
+        held = await self.llm.list_loras()
+        named = self.serving_models.lora_requests
+        now = tuple(name for name, r in named.items() if r.lora_int_id in held)
+        for name in set(now) - set(self._host_adapters) - set(self._pending.adapter_loads):
+            self._pending.adapter_loads[name] = 0.0
+        self._host_adapters = now
+        self._schedule_flush()
 
     def pop_reached(self, request_id: str) -> bool:
         if request_id in self._reached:
@@ -285,6 +304,8 @@ class VllmRunner:
         """Called by vLLM's output loop once per engine step, after the step's outputs were queued."""
         self.steps += 1
         self._gpu_adapters = adapters
+        if not set(adapters) <= set(self._host_adapters):  # one was loaded for this step
+            self._ask_host_cache()
         self._free_blocks = round(free_fraction * (self.kv_tokens // max(1, self.block_size)))
         self._running, self._waiting = running, waiting
         self._schedule_flush()
@@ -308,7 +329,7 @@ class VllmRunner:
             running=self._running if self._active else 0,
             waiting=self._waiting if self._active else 0,
             adapters=self._gpu_adapters if self._active else (),
-            host_adapters=tuple(self._adapters),
+            host_adapters=self._host_adapters,
             adapter_loads=pending.adapter_loads,
         )
         self._last_flush = now
