@@ -65,6 +65,9 @@ class VllmRunner:
         self._reached: set[str] = set()  # handed to the engine, until the worker asks
         self._engine_ids: dict[str, str] = {}  # admitted id -> the id vLLM's serving layer gave it
         self._begun: set[str] = set()  # active requests whose first output came (they started)
+        # prompt tokens of active requests vLLM's scheduler has taken, seen at a step before any output:
+        # vLLM forgets them when a caller leaves (its abort runs before this runner's clean-up)
+        self._scheduled: dict[str, int] = {}
         self._revoked: set[str] = set()  # taken back before vLLM scheduled them: nothing to report
         self._free_blocks = 0
         self._running = 0
@@ -147,7 +150,7 @@ class VllmRunner:
         if request_id not in self._active or request_id in self._begun or self.llm is None:
             return False
         engine_id = self._engine_ids.get(request_id, request_id)
-        if self.scheduled_prompt_tokens(engine_id):
+        if request_id in self._scheduled or self.scheduled_prompt_tokens(engine_id):
             return False
         self._revoked.add(request_id)
         asyncio.get_running_loop().create_task(self.llm.abort(engine_id))
@@ -220,13 +223,16 @@ class VllmRunner:
                 finished = True
             if not finished:  # the caller left (or the engine failed): stop generating now
                 if not prompt_tokens:  # prefilled, though no output reached us: the prompt stays charged
-                    scheduled = self.scheduled_prompt_tokens(self._engine_ids.get(request_id, request_id)) * choices
+                    engine_id = self._engine_ids.get(request_id, request_id)
+                    seen = self.scheduled_prompt_tokens(engine_id) or self._scheduled.get(request_id, 0)
+                    scheduled = seen * choices
                     if scheduled:
                         self._pending.started[request_id] = scheduled
                 if self.llm is not None:
                     await self.llm.abort(self._engine_ids.get(request_id, request_id))
                 self._finish(request_id, generated, "abort")
             self._engine_ids.pop(request_id, None)
+            self._scheduled.pop(request_id, None)
 
     async def prepare_adapter(self, name: str, path: str) -> None:
         """Register the adapter with vLLM's serving layer once (again when its path changed), as its
@@ -303,6 +309,9 @@ class VllmRunner:
     def _on_engine_step(self, free_fraction: float, running: int, waiting: int, adapters: tuple[str, ...]) -> None:
         """Called by vLLM's output loop once per engine step, after the step's outputs were queued."""
         self.steps += 1
+        for rid in self._active - self._begun - self._scheduled.keys():  # taken by the scheduler, no output yet
+            if n := self.scheduled_prompt_tokens(self._engine_ids.get(rid, rid)):
+                self._scheduled[rid] = n
         self._gpu_adapters = adapters
         if not set(adapters) <= set(self._host_adapters):  # one was loaded for this step
             self._ask_host_cache()
