@@ -309,11 +309,12 @@ class VllmRunner:
     def _on_engine_step(self, free_fraction: float, running: int, waiting: int, adapters: tuple[str, ...]) -> None:
         """Called by vLLM's output loop once per engine step, after the step's outputs were queued."""
         self.steps += 1
-        for rid in self._active - self._begun - self._scheduled.keys():  # taken by the scheduler, no output yet
-            if n := self.scheduled_prompt_tokens(self._engine_ids.get(rid, rid)):
-                self._scheduled[rid] = n
+        if len(self._begun) < len(self._active):  # some have no output yet: has the scheduler taken them
+            for rid in self._active - self._begun - self._scheduled.keys():
+                if n := self.scheduled_prompt_tokens(self._engine_ids.get(rid, rid)):
+                    self._scheduled[rid] = n
         self._gpu_adapters = adapters
-        if not set(adapters) <= set(self._host_adapters):  # one was loaded for this step
+        if adapters and not set(adapters) <= set(self._host_adapters):  # one was loaded for this step
             self._ask_host_cache()
         self._free_blocks = round(free_fraction * (self.kv_tokens // max(1, self.block_size)))
         self._running, self._waiting = running, waiting
