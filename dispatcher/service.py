@@ -328,6 +328,13 @@ class DispatcherService:
         data["pending_submits"] = len(self._pending)
         data["orphans"] = len(self._orphans)
         data["dispatcher_id"] = self.id
+        index = self.scheduler.prefixes
+        data["prefix_index"] = {
+            "agreement": index.agreement(),
+            "compared": index.compared,
+            "workers": index.stats(),
+            "event_fed": sorted(wid for wid, row in index.stats().items() if row.get("fed")),
+        }
         return data
 
     # ------------------------------------------------------------------ internals
@@ -480,6 +487,7 @@ class DispatcherService:
                 now=now,
                 adapters=tuple(r.adapters) if r.adapters or r.host_adapters else None,
                 host_adapters=tuple(r.host_adapters) if r.adapters or r.host_adapters else None,
+                kv_events=[(e.kind, e.medium, tuple(e.hashes)) for e in r.kv_events] if r.kv_events else None,
             )
             for name, seconds in r.adapter_load_seconds.items():
                 book = self.adapter_loads.setdefault(name, [0, 0.0])

@@ -9,7 +9,10 @@ decision picks the least-served among the waiting tenants. Two backlogs are meas
 
 With ``prefixed`` every request carries the block hashes of a 2,048-token prompt (one of a few
 conversations per tenant) and the core runs cache-aware: ``vtc-locality`` with prefix placement, the
-prefix index fed and corrected by the reported cached counts.
+prefix index fed and corrected by the reported cached counts. With ``tiered`` as well, each report
+carries the engine's KV events as a tiered engine sends them (the blocks of the prompt it computed,
+not found cached, stored in the pool and in host memory, and half the time an earlier prompt's blocks
+evicted from the pool), so the index is fed by events, by tier, and placement weighs the tiers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ PREFIX_BLOCKS, BLOCK_TOKENS, CONVERSATIONS = 8, 256, 4
 
 
 def decisions_per_second(
-    tenants: int, decisions: int, backlog: int, seed: int = 0, prefixed: bool = False, fan_out: int = 0
+    tenants: int,
+    decisions: int,
+    backlog: int,
+    seed: int = 0,
+    prefixed: bool = False,
+    fan_out: int = 0,
+    tiered: bool = False,
 ) -> float:
     """Time ``decisions`` decisions with ``backlog`` requests kept waiting across ``tenants``.
     ``fan_out``: the tenants are the leaves of a 3-level tree (organisations of ``fan_out`` teams of
@@ -54,6 +63,7 @@ def decisions_per_second(
         name = names[i] if backlog >= tenants and i < tenants else names[rng.randrange(tenants)]
         sched.submit(f"pre{i}", name, prompt_tokens, 32, 0.0, prefix=prefix_of(name), block_tokens=BLOCK_TOKENS)
     picks = [(names[k], prefix_of(names[k])) for k in (rng.randrange(tenants) for _ in range(decisions))]
+    evicted = [prefix for _, prefix in picks[::2]] if tiered else []
     submit, assign, report, finish = sched.submit, sched.assign, sched.on_report, sched.on_finish
     start = time.perf_counter()
     for i, (name, prefix) in enumerate(picks):
@@ -61,7 +71,14 @@ def decisions_per_second(
         submit(str(i), name, prompt_tokens, 32, now, prefix=prefix, block_tokens=BLOCK_TOKENS)
         for a in assign(now):
             rid = a.request.id
-            report(a.worker_id, {rid: 32}, started={rid: prompt_tokens}, cached={rid: a.request.cached}, running=0)
+            events = None
+            if tiered:  # an engine reports the blocks it computed (a hit stores nothing new)
+                p = a.request.prefix[a.request.cached // BLOCK_TOKENS :]
+                events = [("stored", "GPU", p), ("stored", "CPU", p)] if p else []
+                if i % 2:
+                    events.append(("removed", "GPU", evicted[i // 2][PREFIX_BLOCKS // 2 :]))
+            started, cached = {rid: prompt_tokens}, {rid: a.request.cached}
+            report(a.worker_id, {rid: 32}, started=started, cached=cached, running=0, kv_events=events)
             finish(rid, 32, "stop", now)
     return decisions / (time.perf_counter() - start)
 
@@ -110,14 +127,15 @@ def bench_tree(decisions: int, rounds: int = 5, leaves: int = 10_000, fan_out: i
     return flat, tree
 
 
-def bench_prefix_index(tenants: int, decisions: int, rounds: int = 5) -> tuple[float, float]:
-    """(decisions/s of today's core, of the cache-aware core) with 1,000 queued, best of ``rounds``,
-    taking turns within each round."""
-    plain = cached = 0.0
+def bench_prefix_index(tenants: int, decisions: int, rounds: int = 5) -> tuple[float, float, float]:
+    """(decisions/s of today's core, of the cache-aware core, of the cache-aware core fed by tiered KV
+    events) with 1,000 queued, best of ``rounds``, taking turns within each round."""
+    plain = cached = tiered = 0.0
     for r in range(rounds):
         plain = max(plain, decisions_per_second(tenants, decisions, QUEUED, r))
         cached = max(cached, decisions_per_second(tenants, decisions, QUEUED, r, prefixed=True))
-    return plain, cached
+        tiered = max(tiered, decisions_per_second(tenants, decisions, QUEUED, r, prefixed=True, tiered=True))
+    return plain, cached, tiered
 
 
 def bench_core(tenant_counts: list[int], decisions: int, rounds: int = 5) -> list[tuple[int, float, float]]:

@@ -26,6 +26,7 @@ from dispatcher.core.reasons import FINISH_REVOKED
 from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from loadgen.workload import TraceRequest, Workload
 from workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
+from workers.engines.simulated.tiers import BlockTier, TierSettings
 
 DEFAULT_KV_TOKENS = 10_000
 FRONTS = ("fairgate", "round-robin")
@@ -57,6 +58,9 @@ class SimulationConfig:
     prefix_caching: bool = True  # the engines keep a prefix cache (as vLLM does by default)
     sees_prefix: bool = True  # the dispatcher gets prompts' block hashes and cached counts (False: prefix-blind)
     ideal_cache: bool = False  # a ceiling, not an engine: every prefilled block cached on every replica, free
+    host_tier: TierSettings | None = None  # each engine's host-memory KV tier (None: the pool only)
+    shared_tier: TierSettings | None = None  # a KV store every engine shares (None: none)
+    kv_events: bool = True  # engines report their KV cache events to a dispatcher that sees prefixes
     revoke: bool = False  # take back unstarted requests of over-served tenants (dispatcher.core.revocation)
     adapters: AdapterSettings | None = None  # the engines' LoRA adapter slots and load figures (None: none)
     sees_adapters: bool = True  # the dispatcher knows each engine's adapter slots (False: adapter-blind)
@@ -86,6 +90,8 @@ class Simulation:
         self.kv_tokens = config.kv_tokens or workload.kv_tokens or DEFAULT_KV_TOKENS
         self.scheduler = make_scheduler(workload, config)
         ideal: set[int] | None = set() if config.ideal_cache else None
+        events = config.kv_events and config.sees_prefix
+        shared = BlockTier(config.shared_tier, emits=events) if config.shared_tier is not None else None
         self.engines = [
             SimulatedEngine(
                 self.kv_tokens,
@@ -98,6 +104,11 @@ class Simulation:
                 prefix_caching=config.prefix_caching,
                 ideal_cache=ideal,
                 adapters=config.adapters,
+                tiers=[
+                    *([BlockTier(config.host_tier, emits=events)] if config.host_tier is not None else []),
+                    *([shared] if shared is not None else []),
+                ],
+                kv_events=events,
             )
             for _ in range(config.replicas)
         ]
@@ -213,6 +224,7 @@ class Simulation:
                 now=self.now,
                 adapters=report.adapters if self.config.sees_adapters else None,
                 host_adapters=report.host_adapters if self.config.sees_adapters else None,
+                kv_events=report.kv_events,
             )
             ended = []
             for done in report.finished:

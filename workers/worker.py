@@ -399,7 +399,9 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         t.tenant, request.prompt_tokens, request.max_tokens, ticket_expires_at=t.expires_at
     )
     scope = contextvars.copy_context()
-    grant = TicketGrant(t.request_id, t.tenant, body["cache_salt"], t.priority, t.adapter, t.adapter_path)
+    grant = TicketGrant(
+        t.request_id, t.tenant, body["cache_salt"], t.priority, t.adapter, t.adapter_path, t.cache_group or t.tenant
+    )
     scope.run(current_grant.set, grant)
     response = None
     assert w.openai_app is not None
@@ -530,6 +532,7 @@ def _merge_queued(
         r = nxt.report
         merged.started.extend(r.started)
         merged.finished.extend(r.finished)
+        merged.kv_events.extend(r.kv_events)
         for t in r.new_tokens:
             tokens[t.request_id] = tokens.get(t.request_id, 0) + t.tokens
         merged.free_tokens, merged.running, merged.waiting = r.free_tokens, r.running, r.waiting
@@ -569,4 +572,5 @@ def _report_message(report: StepReport, known: Callable[[str], _Running | None])
         host_adapters=report.host_adapters,
         adapter_load_seconds=report.adapter_loads,
         adapter_loads={name: 1 for name in report.adapter_loads},
+        kv_events=[pb.KvEvent(kind=k, medium=m, hashes=h) for k, m, h in report.kv_events],
     )

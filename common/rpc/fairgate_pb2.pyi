@@ -115,7 +115,7 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads", "kv_events")
     class AdapterLoadSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class StepReport(_message.Message):
     HOST_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LOADS_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -152,7 +153,18 @@ class StepReport(_message.Message):
     host_adapters: _containers.RepeatedScalarFieldContainer[str]
     adapter_load_seconds: _containers.ScalarMap[str, float]
     adapter_loads: _containers.ScalarMap[str, int]
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    kv_events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ..., kv_events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("kind", "medium", "hashes")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    medium: str
+    hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[str] = ..., medium: _Optional[str] = ..., hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id", "prompt_tokens", "tenant", "max_tokens", "cached_tokens")

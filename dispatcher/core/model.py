@@ -53,6 +53,8 @@ class Request:
     adapter: str = ""  # the LoRA adapter it is served with ("": the base model)
     refused: bool = False  # its engine would not give it back: begun there, its start not yet reported
     handed: int = 0  # when it was last dispatched, in the scheduler's sequence (its place in its engine's queue)
+    home: str = ""  # the worker an earlier request it extends went to (``continuations``)
+    home_seq: int = 0  # when it was homed there, in the continuations' own sequence
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -12,6 +12,7 @@ from dispatcher.core.workers import WorkerSlot
 
 LOCAL_TENANTS = 8  # locality slack: tenants looked at per decision, and requests of each
 LOCAL_WINDOW = 16
+HOMED_WINDOW = 16  # requests homed on a worker looked at per decision
 MAX_PASSES = 8  # a head request passed over this often for a cached prefix goes next
 ADAPTER_TENANTS = 64  # adapter slack: tenants looked at while a blocked adapter waits for room
 
@@ -40,14 +41,14 @@ class OutOfOrderPicks:
         kids = parent.kids
         for name in parent.waiting.smallest(LOCAL_TENANTS):  # type: ignore[union-attr]
             t = kids[name]
-            if t is top or type(t) is TreeNode or key(name) > floor + slack / t.weight:
+            if type(t) is TreeNode or key(name) > floor + slack / t.weight:
                 continue  # entries below the top may hold stale keys: check each
             queue = t.queue
             window = 1 if queue[0].passed >= MAX_PASSES else LOCAL_WINDOW
             for i, req in enumerate(queue):
                 if i >= window:
                     break
-                if not req.prefix:
+                if not req.prefix or req is head:
                     continue
                 slot = place(req.need, req)
                 if slot is None:
@@ -55,12 +56,53 @@ class OutOfOrderPicks:
                 gain = expected(slot.id, req.prefix, req.block_tokens)
                 if gain > head_gain and (best is None or gain > best[0]):  # a longer cached prefix, never none
                     best = (gain, t, req, slot)
+        best = self._homed_pick(floor, top, head, parent, head_gain, best)
         if best is None:
             return None if head_slot is None else (top, head, head_slot)
         _, t, req, slot = best
         if t.queue[0] is not req:
             t.queue[0].passed += 1
         return t, req, slot
+
+    def _homed_pick(
+        self,
+        floor: float,
+        top: Tenant,
+        head: Request,
+        parent: TreeNode,
+        gain_to_beat: int,
+        best: tuple[int, Tenant, Request, WorkerSlot] | None,
+    ) -> tuple[int, Tenant, Request, WorkerSlot] | None:
+        """``best`` of ``_local_pick``, or a request homed on a worker that can take work now
+        (``continuations``: it extends one dispatched there) if it finds more cached there: at most
+        ``LOCAL_WINDOW`` per worker, most recently homed first, of tenants ``_local_pick`` may pick
+        (``top`` included: its own later request may go before its head, as a window's would)."""
+        homes = self.continuations.homes
+        if not homes:
+            return best
+        takes, expected = self.workers.takes, self.prefixes.expected_tokens
+        slack, key, kids, waiting = self._slack, self._key, parent.kids, parent.waiting
+        tenants, slots = self.tenants, self.workers.slots
+        for worker_id in list(homes):
+            slot = slots.get(worker_id)
+            if slot is None:
+                continue
+            for i, req in enumerate(self.continuations.homed(worker_id)):
+                if i >= HOMED_WINDOW:
+                    break
+                if req is head:
+                    continue
+                t = tenants.get(req.tenant)
+                if t is None or kids.get(t.name) is not t or t.name not in waiting:  # type: ignore[operator]
+                    continue
+                if t.queue[0].passed >= MAX_PASSES or key(t.name) > floor + slack / t.weight:
+                    continue
+                if req.urgent or not takes(slot, req):
+                    continue
+                gain = expected(worker_id, req.prefix, req.block_tokens)
+                if gain > gain_to_beat and (best is None or gain > best[0]):
+                    best = (gain, t, req, slot)
+        return best
 
     def _adapter_pick(
         self, floor: float, top: Tenant, head: Request, parent: TreeNode

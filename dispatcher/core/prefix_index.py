@@ -11,6 +11,14 @@ request's exact cached count at start says how good the model was: a shortfall s
 modelled capacity (the oldest entries go), a full hit lets it grow back towards the pool. So an
 expectation that was too hopeful once is corrected for the next requests, and every charge made from
 it is corrected by the exact count anyway (docs/architecture.md: cost).
+
+A worker whose engine reports its KV cache events (blocks stored and removed, per medium, as vLLM
+publishes them) is no longer modelled: its pool's entries are what the engine says it holds (plus what
+was just dispatched there, until the engine says otherwise), and the index learns two tiers below it:
+the blocks in that worker's host memory, and those in a store every worker of the pool shares. A
+request then expects its leading blocks from the pool, the rest of the run from host memory, then from
+the shared store (``expected_by_tier``); all of them skip prefill. Each start's exact count says how
+often the index and the engine agree (``agreement``).
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
+MEDIUM_GPU, MEDIUM_HOST, MEDIUM_SHARED = "GPU", "CPU", "SHARED"
+NOTHING = (0, 0, 0)
 SHRINK = 0.9  # capacity factor after a start that found less cached than expected
 GROW = 1.02  # after one that found all it was expected to
 MIN_CAPACITY = 0.05  # never model less than this fraction of the pool
@@ -27,7 +38,7 @@ MIN_CAPACITY = 0.05  # never model less than this fraction of the pool
 class WorkerCache:
     """One worker's modelled cache: hash -> tokens it covers, least recently used first."""
 
-    __slots__ = ("blocks", "capacity", "pool_tokens", "tokens", "version")
+    __slots__ = ("blocks", "capacity", "fed", "host", "pool_tokens", "tokens", "version")
 
     def __init__(self, pool_tokens: int) -> None:
         self.pool_tokens = pool_tokens
@@ -35,6 +46,8 @@ class WorkerCache:
         self.blocks: OrderedDict[int, int] = OrderedDict()
         self.tokens = 0
         self.version = 0  # bumped by every change of what is held
+        self.fed = False  # its engine reports KV events: what it holds is known, not modelled
+        self.host: set[int] = set()  # blocks in its host memory (known from events only)
 
     def matched(self, prefix: Sequence[int]) -> int:
         """How many leading blocks of ``prefix`` are held: a binary search, as what is held of a
@@ -72,17 +85,36 @@ class WorkerCache:
             _, tokens = blocks.popitem(last=False)
             self.tokens -= tokens
 
+    def drop(self, hashes: Sequence[int]) -> None:
+        """The engine evicted these blocks."""
+        self.version += 1
+        blocks = self.blocks
+        for h in hashes:
+            tokens = blocks.pop(h, None)
+            if tokens is not None:
+                self.tokens -= tokens
+
+    def clear(self) -> None:
+        self.version += 1
+        self.blocks.clear()
+        self.tokens = 0
+
 
 class PrefixIndex:
     """The modelled caches of all workers of one pool."""
 
-    __slots__ = ("_last", "_workers", "used")
+    __slots__ = ("_last", "_shared", "_tiers_version", "_workers", "agreed", "block_tokens", "compared", "used")
 
     def __init__(self) -> None:
         self._workers: dict[str, WorkerCache] = {}
-        # worker -> (its cache's state, prefix, answer) of the last question: a decision asks the
-        # same one several times (placement, then the charge), and the answer holds until a change
-        self._last: dict[str, tuple[int, Sequence[int], int]] = {}
+        self._shared: set[int] = set()  # blocks in the store all workers share (known from events only)
+        self._tiers_version = 0  # bumped by every change of a host or shared tier
+        self.block_tokens = 0  # tokens per hash (the pool's stride), learnt from what is dispatched
+        self.compared = 0  # starts whose expectation met the engine's exact count, and those that agreed
+        self.agreed = 0
+        # worker -> (its caches' state, prefix, blocks found per tier) of the last question: a decision
+        # asks the same one several times (placement, then the charge), and the answer holds until a change
+        self._last: dict[str, tuple[int, Sequence[int], tuple[int, int, int]]] = {}
         self.used = False  # anything was ever recorded (until then, nothing can be expected anywhere)
 
     def join(self, worker_id: str, pool_tokens: int) -> None:
@@ -100,16 +132,54 @@ class PrefixIndex:
         self._last.pop(worker_id, None)
 
     def expected_tokens(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> int:
-        """Prompt tokens a request with ``prefix`` should find cached on ``worker_id``."""
+        """Prompt tokens a request with ``prefix`` should find cached on ``worker_id``, in any tier."""
         cache = self._workers.get(worker_id)
         if cache is None or not prefix:
             return 0
         last = self._last.get(worker_id)
-        if last is not None and last[1] is prefix and last[0] == cache.version:
-            return last[2] * block_tokens
-        n = cache.matched(prefix)
-        self._last[worker_id] = (cache.version, prefix, n)
-        return n * block_tokens
+        version = cache.version + self._tiers_version
+        if last is not None and last[1] is prefix and last[0] == version:
+            gpu, host, shared = last[2]
+        else:
+            gpu, host, shared = blocks = self._matched_by_tier(cache, prefix)
+            self._last[worker_id] = (version, prefix, blocks)
+        return (gpu + host + shared) * block_tokens
+
+    def expected_by_tier(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> tuple[int, int, int]:
+        """Prompt tokens ``prefix`` should find on ``worker_id``: in its pool, then (where the pool's
+        run ends) in its host memory, then in the shared store."""
+        cache = self._workers.get(worker_id)
+        if cache is None or not prefix:
+            return NOTHING
+        last = self._last.get(worker_id)
+        version = cache.version + self._tiers_version
+        if last is not None and last[1] is prefix and last[0] == version:
+            blocks = last[2]
+        else:
+            blocks = self._matched_by_tier(cache, prefix)
+            self._last[worker_id] = (version, prefix, blocks)
+        gpu, host, shared = blocks
+        return gpu * block_tokens, host * block_tokens, shared * block_tokens
+
+    @property
+    def tiered(self) -> bool:
+        """Some tier below a pool holds anything (until then every expectation is the pool's)."""
+        return bool(self._shared) or any(c.host for c in self._workers.values())
+
+    def _matched_by_tier(self, cache: WorkerCache, prefix: Sequence[int]) -> tuple[int, int, int]:
+        gpu = cache.matched(prefix)
+        host = shared = 0
+        if cache.host:
+            for h in prefix[gpu:]:
+                if h not in cache.host:
+                    break
+                host += 1
+        if self._shared:
+            for h in prefix[gpu + host :]:
+                if h not in self._shared:
+                    break
+                shared += 1
+        return gpu, host, shared
 
     def dispatched(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> None:
         """A request with ``prefix`` was sent to ``worker_id``: its blocks will be cached there."""
@@ -117,12 +187,53 @@ class PrefixIndex:
         if cache is not None and prefix:
             cache.touch(prefix, block_tokens)
             self.used = True
+            self.block_tokens = block_tokens
 
-    def observed(self, worker_id: str, expected: int, exact: int) -> None:
-        """A request started on ``worker_id`` with ``exact`` cached tokens where ``expected`` were
-        modelled: adapt that worker's modelled capacity."""
+    def apply_events(self, worker_id: str, events: Sequence[tuple[str, str, Sequence[int]]]) -> None:
+        """What ``worker_id``'s engine stored and evicted (its KV cache events, in order): from now on
+        its pool is known, not modelled, and its host memory and the shared store are known too."""
         cache = self._workers.get(worker_id)
-        if cache is None or expected <= 0:
+        if cache is None or not events:
+            return
+        if not cache.fed:
+            cache.fed = True
+            cache.capacity = float(cache.pool_tokens)
+        block = self.block_tokens or 1
+        for kind, medium, hashes in events:
+            if medium == MEDIUM_GPU:
+                if kind == STORED:
+                    cache.touch(hashes, block)
+                elif kind == REMOVED:
+                    cache.drop(hashes)
+                elif kind == CLEARED:
+                    cache.clear()
+                continue
+            held = cache.host if medium == MEDIUM_HOST else self._shared if medium == MEDIUM_SHARED else None
+            if held is None:
+                continue
+            self._tiers_version += 1
+            if kind == STORED:
+                held.update(hashes)
+            elif kind == REMOVED:
+                held.difference_update(hashes)
+            elif kind == CLEARED:
+                held.clear()
+        self.used = True
+
+    def agreement(self) -> float | None:
+        """The share of starts whose expected cached prefix matched the engine's exact count (within
+        one hash's tokens: the index sees whole hashes, the engine whole KV blocks)."""
+        return self.agreed / self.compared if self.compared else None
+
+    def observed(self, worker_id: str, expected: int, exact: int, block_tokens: int = 0) -> None:
+        """A request started on ``worker_id`` with ``exact`` cached tokens where ``expected`` were
+        modelled: adapt that worker's modelled capacity (an event-fed one needs no adapting)."""
+        cache = self._workers.get(worker_id)
+        if cache is None:
+            return
+        self.compared += 1
+        self.agreed += abs(exact - expected) < max(1, block_tokens)
+        if expected <= 0 or cache.fed:
             return
         if exact < expected:
             cache.capacity = max(MIN_CAPACITY * cache.pool_tokens, cache.capacity * SHRINK)
@@ -132,7 +243,13 @@ class PrefixIndex:
 
     def stats(self) -> dict[str, dict[str, float]]:
         return {
-            wid: {"blocks": len(c.blocks), "tokens": c.tokens, "capacity": c.capacity}
+            wid: {
+                "blocks": len(c.blocks),
+                "tokens": c.tokens,
+                "capacity": c.capacity,
+                "host_blocks": len(c.host),
+                "fed": c.fed,
+            }
             for wid, c in self._workers.items()
         }
 
@@ -140,16 +257,33 @@ class PrefixIndex:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            wid: {"pool_tokens": c.pool_tokens, "capacity": c.capacity, "blocks": list(c.blocks.items())}
+            wid: {
+                "pool_tokens": c.pool_tokens,
+                "capacity": c.capacity,
+                "blocks": list(c.blocks.items()),
+                "fed": c.fed,
+                "host": sorted(c.host),
+            }
             for wid, c in self._workers.items()
-        }
+        } | (
+            {"": {"shared": sorted(self._shared), "block_tokens": self.block_tokens}}
+            if self.block_tokens or self._shared
+            else {}
+        )
 
     def restore(self, data: Mapping[str, Any]) -> None:
-        self._workers, self._last = {}, {}
+        self._workers, self._last, self._shared = {}, {}, set()
         for wid, row in data.items():
+            if wid == "":  # the pool's own: the shared store, the stride (no worker is named "")
+                self._shared = {int(h) for h in row["shared"]}
+                self.block_tokens = int(row["block_tokens"])
+                continue
             cache = WorkerCache(int(row["pool_tokens"]))
             cache.capacity = float(row["capacity"])
             cache.blocks = OrderedDict((int(h), int(t)) for h, t in row["blocks"])
             cache.tokens = sum(cache.blocks.values())
+            cache.fed = bool(row.get("fed", False))
+            cache.host = {int(h) for h in row.get("host", ())}
             self._workers[wid] = cache
-            self.used = self.used or bool(cache.blocks)
+            self.used = self.used or bool(cache.blocks) or bool(cache.host)
+        self._tiers_version += 1

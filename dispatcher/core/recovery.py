@@ -71,6 +71,8 @@ class WorkerRecovery:
         self.quotas.release(request_id)
         req.worker, req.dispatched_at, req.predicted, req.charged_output = None, None, 0, 0
         t.queue.appendleft(req)
+        if req.prefix and self._slack > 0:
+            self.continuations.wait(req)
         if req.urgent:
             self.urgent_waiting[t.name] = t
         if before is None:  # it waits again, ahead of everything it sent later, as it did before

@@ -19,6 +19,7 @@ import math
 from typing import NamedTuple
 
 from dispatcher.core.classes import default_class
+from dispatcher.core.continuations import Continuations
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Request, Tenant, start_need
 from dispatcher.core.objectives import ObjectiveEnforcement
@@ -79,6 +80,7 @@ class FairScheduler(
         self.cost = self.config.cost
         self.ledger = Ledger(self.cost)  # its nodes: the tree's, below
         self.prefixes = PrefixIndex()  # which prompt blocks each worker probably caches
+        self.continuations = Continuations()  # waiting requests that extend dispatched ones (locality slack)
         placement = make_placement(self.config.placement)
         placement.attach(self.prefixes)
         self.workers = WorkerTable(placement, self.config.max_engine_waiting, self.config.overcommit)
@@ -192,6 +194,9 @@ class FairScheduler(
             t.queue.append(req)
         t.queued_tokens += prompt_tokens + max_tokens
         self.state.queued_ids[request_id] = tenant
+        if req.prefix and self._slack > 0:
+            req.home = self._home_of(req)
+            self.continuations.wait(req)
         if config.max_queue_s is not None:
             heapq.heappush(self.state.arrivals, (now, req.seq, request_id))
         return None
@@ -265,6 +270,16 @@ class FairScheduler(
                 continue
             out.append(Assignment(self._dispatch(tenant, req, slot, now, at_top=True), slot.id))
         return out
+
+    def _home_of(self, req: Request) -> str:
+        """The worker expected to hold most of a new request's prefix ("": none holds any of it): an
+        earlier turn it extends went there before it arrived."""
+        expected, best, home = self.prefixes.expected_tokens, 0, ""
+        for wid in self.workers.slots:
+            found = expected(wid, req.prefix, req.block_tokens)
+            if found > best:
+                best, home = found, wid
+        return home
 
     def cancel(self, request_id: str) -> bool:
         """Withdraw a request still waiting in its queue (client gone). In-flight ones are aborted at
@@ -376,6 +391,8 @@ class FairScheduler(
             t.queue.remove(req)
         t.queued_tokens -= req.prompt_tokens + req.max_tokens
         self.state.queued_ids.pop(req.id, None)
+        if req.prefix and self._slack > 0:
+            self.continuations.leave(req)
 
     def _take(self, t: Tenant, req: Request) -> None:
         """Remove a waiting request (withdrawn, dropped, or dispatched out of the policy's order). Its
@@ -406,6 +423,8 @@ class FairScheduler(
             req.cached = cacheable(expected, n_p)
             self.ledger.account_cached(t, 0, req.cached, t.weight)
             self.prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
+            if self._slack > 0:
+                self.continuations.dispatched(req, slot.id)
         req.worker, req.dispatched_at = slot.id, now
         req.handed = self.state.next_seq
         self.state.next_seq += 1

@@ -6,7 +6,7 @@ decisions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dispatcher.core.model import Request, Tenant
 from dispatcher.core.reasons import FINISH_REVOKED
@@ -28,11 +28,15 @@ class Settlement:
         now: float | None = None,
         adapters: tuple[str, ...] | None = None,
         host_adapters: tuple[str, ...] | None = None,
+        kv_events: Sequence[tuple[str, str, Sequence[int]]] | None = None,
     ) -> None:
         """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
         many of them the engine found in its prefix cache) and tokens generated; ``now``: when it was
         received (first tokens are timed: objectives and their predictions); ``adapters``,
-        ``host_adapters``: the LoRA adapters loaded on its GPU and in its host memory (None: unsaid)."""
+        ``host_adapters``: the LoRA adapters loaded on its GPU and in its host memory (None: unsaid);
+        ``kv_events``: what its KV cache stored and evicted (``PrefixIndex.apply_events``)."""
+        if kv_events:
+            self.prefixes.apply_events(worker_id, kv_events)
         in_flight = self.state.in_flight
         if started:
             for rid, prompt_tokens in started.items():
@@ -154,7 +158,7 @@ class Settlement:
     def _correct_cached(self, req: Request, exact: int) -> None:
         """The engine's exact cached count replaces the expectation (in the charge and the index)."""
         if req.prefix and req.worker:
-            self.prefixes.observed(req.worker, req.cached, exact)
+            self.prefixes.observed(req.worker, req.cached, exact, req.block_tokens)
         if exact != req.cached:
             t = self.tenants[req.tenant]
             before = self._key_if_waiting(t)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from dispatcher.core.continuations import Continuations
 from dispatcher.core.costs import CostFunction
 from dispatcher.core.ledger import Ledger
 from dispatcher.core.model import Tenant, request_from_dict
@@ -37,6 +38,7 @@ class Snapshottable(Protocol):
     workers: WorkerTable
     policy: FairnessPolicy
     prefixes: PrefixIndex
+    continuations: Continuations
     lengths: MovingAveragePredictor
     budget: BudgetUse
     urgent_waiting: dict[str, Tenant]
@@ -78,6 +80,7 @@ def snapshot(s: Snapshottable) -> dict[str, Any]:
         "settled": state.settled_rows(),
         "resumed": sorted(state.resumed),
         "prefixes": s.prefixes.snapshot(),
+        "next_homing": s.continuations.next_homing,
         "lengths": s.lengths.snapshot(),
         "budget": s.budget.snapshot(),
         "revoking": dict(s.revoking),
@@ -116,6 +119,7 @@ def restore_snapshot(s: Snapshottable, data: Mapping[str, Any]) -> None:
     state.restore_settled(data["settled"])
     state.resumed = set(data.get("resumed", ()))
     s.prefixes.restore(data.get("prefixes", {}))
+    s.continuations.rebuild((t.queue for t in state.tenants.values()), int(data.get("next_homing", 1)))
     if s.config.max_queue_s is not None:
         state.index_arrivals()
 

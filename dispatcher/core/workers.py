@@ -226,6 +226,16 @@ class WorkerTable:
             if w.adapter_fits(adapter) and self._takes(w, need, cap) and w.within_overcommit(footprint, over)
         ]
 
+    def takes(self, w: WorkerSlot, request: Request) -> bool:
+        """Whether ``w`` is among ``fits`` for a request that is not urgent."""
+        footprint = request.footprint or request.need
+        return (
+            not w.draining
+            and w.adapter_fits(request.adapter)
+            and self._takes(w, request.need, self.max_engine_waiting)
+            and w.within_overcommit(footprint, self.overcommit)
+        )
+
     def _takes(self, w: WorkerSlot, need: int, cap: int) -> bool:
         if not self.reserve:
             return w.starts_now(need) or (w.queued() < w.depth(cap) and need <= w.kv_tokens)

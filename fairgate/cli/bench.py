@@ -4,6 +4,7 @@ overhead, and a vLLM engine alone against the same engine through the gateway.""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from fairgate.cli.parsing import UsageError, check_policies, positive_ints
 
@@ -37,6 +38,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     lb.add_argument("--requests", type=int, default=None, help="only the trace's first N requests")
     lb.add_argument("--replicas", type=int, default=4, help="simulated engines")
     lb.add_argument("--slacks", default="10000,100000,1000000", help="comma-separated Δ of vtc-locality")
+    lb.add_argument("--host-gib", type=float, default=128.0, help="each engine's host-memory KV tier (0: none)")
+    lb.add_argument("--shared-gib", type=float, default=512.0, help="the KV store all engines share (0: none)")
+    lb.add_argument(
+        "--agents-time-scale",
+        type=float,
+        default=2.0,
+        help="the second trace (agent sessions) this much faster (0: skip)",
+    )
     lb.add_argument("--json", default=None, help="also write the figures to this file")
     lb.set_defaults(bench=_locality)
     tb = targets.add_parser("tree", help="tenant tree and request classes: per-level shares, first-token objective")
@@ -182,53 +191,72 @@ def _locality(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_locality import CEILING, bench_locality
+    from loadgen.agent_sessions import agent_sessions
+    from loadgen.bench_locality import Tiers, bench_locality, bench_workload
     from loadgen.datasets import MOONCAKE_TRACE
 
     trace = Path(args.trace) if args.trace else MOONCAKE_TRACE
     if not trace.is_file():
         raise UsageError(f"no trace at {trace} (give --trace)")
-    if args.time_scale <= 0 or args.replicas < 1:
-        raise UsageError("--time-scale must be positive and --replicas at least 1")
+    if args.time_scale <= 0 or args.replicas < 1 or args.agents_time_scale < 0:
+        raise UsageError("--time-scale must be positive, --agents-time-scale at least 0 and --replicas at least 1")
+    if args.host_gib < 0 or args.shared_gib < 0:
+        raise UsageError("--host-gib and --shared-gib must be at least 0")
     try:
         slacks = tuple(float(v) for v in args.slacks.split(",") if v.strip())
     except ValueError:
         raise UsageError(f"--slacks: comma-separated numbers, got {args.slacks!r}") from None
     if not slacks or any(d < 0 for d in slacks):
         raise UsageError("--slacks: at least one number >= 0")
-    r = bench_locality(trace, args.time_scale, args.requests, args.replicas, slacks)
-    print(
-        f"Mooncake conversation trace, {r['requests']:,} requests at {r['time_scale']:g}x speed, {r['replicas']} "
-        f"simulated H200 / Llama-3-8B engines ({r['kv_tokens']:,}-token pools, prefix caches on); tenants: "
-        "conversations dealt 55% to 'heavy', 15% to each of three light ones"
-    )
-    print(
-        f"{'arm':<24} {'tokens/s':>9} {'out/s':>7} {'done':>6} {'hit':>6} {'gap / bound':>24} "
-        f"{'jain':>6} {'light TTFT':>10} {'heavy TTFT':>10}"
-    )
-    for row in r["rows"]:
-        light, heavy = row["light_mean_ttft_s"], row["heavy_mean_ttft_s"]
-        gap = f"{row['max_backlogged_gap']:,.0f} / {row['bound']:,.0f}{'' if row['bound_held'] else '!'}"
-        print(
-            f"{row['arm']:<24} {row['tokens_per_s']:>9,.0f} {row['output_tokens_per_s']:>7,.0f} "
-            f"{row['requests_finished']:>6} {row['prefix_hit_rate']:>6.1%} {gap:>24} {row['jain_index']:>6.3f} "
-            f"{'-' if light is None else f'{light:.1f} s':>10} {'-' if heavy is None else f'{heavy:.1f} s':>10}"
-        )
-    vs_router = r["hit_rate_vs_router"]
-    ceiling = next(row for row in r["rows"] if row["arm"] == CEILING)
-    print(
-        f"{r['best_locality']}: {r['throughput_vs_blind']:.2f}x the throughput of prefix-blind VTC, "
-        f"{'-' if vs_router is None else f'{vs_router:.0%}'} of the affinity router's hit rate "
-        "('!' marks a gap over its bound; FCFS states none, the bound shown is VTC's 2U)"
-    )
-    print(
-        f"ceiling: an unbounded cache of every prefilled block on every replica, free, gives "
-        f"{r['ceiling_vs_blind']:.2f}x prefix-blind VTC's throughput, {ceiling['prefix_hit_rate']:.1%} hits: "
-        "the most that placing by cache can gain here in VTC's order"
-    )
+    tiers = Tiers(args.host_gib, args.shared_gib)
+    r = bench_locality(trace, args.time_scale, args.requests, args.replicas, slacks, tiers)
+    _print_locality(r, "Mooncake conversation trace")
+    if args.agents_time_scale > 0:
+        agents = agent_sessions(args.agents_time_scale, args.requests)
+        r["second_trace"] = bench_workload(agents, args.agents_time_scale, args.replicas, slacks, tiers)
+        print()
+        _print_locality(r["second_trace"], "agent sessions (generated from a shape: loadgen/agent_sessions.py)")
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
     return 0
+
+
+def _print_locality(r: dict[str, Any], title: str) -> None:
+    from loadgen.bench_locality import BASELINE, CEILING
+
+    print(
+        f"{title}, {r['requests']:,} requests at {r['time_scale']:g}x speed, {r['replicas']} simulated H200 / "
+        f"Llama-3-8B engines ({r['kv_tokens']:,}-token pools, prefix caches on; tiers: {r['tiers']['label']}, "
+        "except the baseline and the ceiling); tenants: one heavy (55%), three light (15% each)"
+    )
+    print(
+        f"{'arm':<28} {'tokens/s':>9} {'done':>6} {'hit':>6} {'tiers':>6} {'agree':>6} {'gap / bound':>26} "
+        f"{'jain':>6} {'light TTFT':>10} {'heavy TTFT':>10}"
+    )
+    for row in r["rows"]:
+        light, heavy, agree = row["light_mean_ttft_s"], row["heavy_mean_ttft_s"], row["index_agreement"]
+        agreed = "-" if agree is None else f"{agree:.0%}"
+        gap = f"{row['max_backlogged_gap']:,.0f} / {row['bound']:,.0f}{'' if row['bound_held'] else '!'}"
+        print(
+            f"{row['arm']:<28} {row['tokens_per_s']:>9,.0f} {row['requests_finished']:>6} "
+            f"{row['prefix_hit_rate']:>6.1%} {row['loaded_from_tiers']:>6.1%} {agreed:>6} "
+            f"{gap:>26} {row['jain_index']:>6.3f} "
+            f"{'-' if light is None else f'{light:.1f} s':>10} {'-' if heavy is None else f'{heavy:.1f} s':>10}"
+        )
+    vs_router, share = r["hit_rate_vs_router"], r["share_of_ceiling_gain"]
+    ceiling = next(row for row in r["rows"] if row["arm"] == CEILING)
+    print(
+        f"{r['best_locality']}: {r['throughput_vs_blind']:.3f}x the throughput of {BASELINE} "
+        f"({'-' if share is None else f'{share:.0%}'} of the ceiling's gain), {r['vs_blind_on_tiers']:.3f}x "
+        f"prefix-blind VTC's on the same tiers, {'-' if vs_router is None else f'{vs_router:.0%}'} of the "
+        "affinity router's hit rate ('hit': prompt tokens found cached; 'tiers': of them loaded from host or "
+        "shared memory; 'agree': starts whose expected cached prefix the engine confirmed; '!' marks a gap over "
+        "its bound; FCFS states none, the bound shown is VTC's 2U)"
+    )
+    print(
+        f"ceiling: an unbounded cache of every prefilled block on every replica, free, gives "
+        f"{r['ceiling_vs_blind']:.3f}x the baseline's throughput, {ceiling['prefix_hit_rate']:.1%} hits"
+    )
 
 
 def _tree(args: argparse.Namespace) -> int:
@@ -336,7 +364,7 @@ def _core(args: argparse.Namespace) -> int:
     if args.decisions < 1:
         raise UsageError("--decisions must be positive")
     results = bench_core(counts, args.decisions)
-    plain, cached = bench_prefix_index(1000, args.decisions)
+    plain, cached, tiered = bench_prefix_index(1000, args.decisions)
     print("dispatch decisions/s (submit + assign + decode charges + finish), best of 5")
     print(f"{'tenants':>10}  {'1,000 queued':>13}  {'all waiting':>12}")
     for n, queued, everyone in results:
@@ -350,7 +378,8 @@ def _core(args: argparse.Namespace) -> int:
     print(
         f"prefix index on, 1,000 tenants, 1,000 queued: {plain:,.0f} decisions/s today's core (vtc, most-room), "
         f"{cached:,.0f} with "
-        f"the prefix index on (vtc-locality, prefix-affinity, {PREFIX_BLOCKS}-hash prefixes): {cached / plain:.2f}x"
+        f"the prefix index on (vtc-locality, prefix-affinity, {PREFIX_BLOCKS}-hash prefixes): {cached / plain:.2f}x; "
+        f"{tiered:,.0f} with the index fed by tiered KV events (pool and host memory): {tiered / plain:.2f}x"
     )
     flat, tree = bench_tree(args.decisions)
     print(

@@ -243,6 +243,16 @@ class Driver:
         used += sum(new_tokens.values())
         free = max(0, slot.kv_tokens - used)
         waiting = len(mine) - len(running) + preempted
+        # its KV events: started prompts stored in the pool (some also in host memory or the shared
+        # store), and some blocks evicted, so that the index is fed as a real engine feeds it
+        events = []
+        for rid in started:
+            p = s.in_flight()[rid].prefix
+            events.append(("stored", "GPU", p))
+            if (seed + len(p)) % 3 == 0:
+                events.append(("stored", "CPU" if seed % 2 else "SHARED", p))
+            if (seed + len(p)) % 4 == 0:
+                events.append(("removed", "GPU" if seed % 3 else "CPU", p[len(p) // 2 :]))
         s.on_report(
             wid,
             new_tokens,
@@ -251,6 +261,7 @@ class Driver:
             running=len(running) - preempted,
             waiting=waiting,
             cached=cached,
+            kv_events=events,
         )
         for rid, output, reason in finished:
             assert s.on_finish(rid, output, reason, self.now) is not None

@@ -41,6 +41,7 @@ class TicketGrant:
     priority: int = 0  # the dispatcher's preemption rank (larger: preempted first)
     adapter: str = ""  # the LoRA adapter the ticket names ("": the base model)
     adapter_path: str = ""  # where its weights are
+    cache_group: str = ""  # whose salt ``cache_salt`` is: the tenant's sharing group, else the tenant
 
 
 current_grant: ContextVar[TicketGrant | None] = ContextVar("fairgate_grant", default=None)
@@ -81,6 +82,12 @@ class FinishedRequest:
     reason: str  # "stop", "length" or "abort"
 
 
+KVEvent = tuple[str, str, tuple[int, ...]]
+"""What an engine's KV cache did, as vLLM publishes it: ("stored" | "removed" | "cleared", the medium
+("GPU", "CPU": host memory, "SHARED": a store all engines share), the blocks' hashes, in the
+dispatcher's terms: the prompt block hashes it sent, ``common.prefix_hashes``)."""
+
+
 @dataclass(slots=True)
 class StepReport:
     """What one engine step did: the per-step report a worker sends to the dispatcher."""
@@ -97,6 +104,7 @@ class StepReport:
     adapters: tuple[str, ...] = ()  # LoRA adapters loaded on the GPU after the step, least recently used first
     host_adapters: tuple[str, ...] = ()  # and those cached in host memory
     adapter_loads: dict[str, float] = field(default_factory=dict)  # adapter -> seconds its loads took this step
+    kv_events: list[KVEvent] = field(default_factory=list)  # what the KV cache stored and evicted this step
 
 
 StepCallback = Callable[[StepReport], None]

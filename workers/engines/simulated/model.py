@@ -21,6 +21,15 @@ scheduler does), and a step waits for the loads its batch needs (``adapters.Adap
 prompt's block hashes a request carries are its adapter's (the caller salts them per adapter, as
 vLLM keys its cached blocks by adapter): a prefix cached under one adapter is no hit under another.
 
+With ``tiers`` (``tiers.BlockTier``: host memory beside this engine, a store shared by all), the
+prompt blocks a prefill computes are written through to each tier, and a request whose leading blocks
+the pool no longer holds finds them there in order (pool, host, shared): they are loaded instead of
+recomputed, allocated in the pool like computed ones; the copy runs beside the step's compute, and
+a step lasts as long as the longer of the two. With
+``kv_events`` the engine reports what its pool and tiers store and evict (``StepReport.kv_events``),
+as vLLM publishes its KV cache events, so that the dispatcher's prefix index knows what is cached
+instead of modelling it.
+
 ``ideal_cache`` is no engine but a ceiling for benchmarks: a set of block hashes shared by every
 engine given it, which keeps every block any of them prefilled, forever and in no memory. A request
 skips the prefill of its leading blocks found there, so a run with it measures the most that any
@@ -34,11 +43,13 @@ real-time simulated worker sleeps for it.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workers.engines.interface import FinishedRequest, StepReport
+from workers.engines.interface import FinishedRequest, KVEvent, StepReport
 from workers.engines.simulated.adapters import AdapterCache, AdapterSettings
 from workers.engines.simulated.steptime import StepTimeModel
+from workers.engines.simulated.tiers import MEDIUM_GPU, BlockTier
 
 
 @dataclass(slots=True)
@@ -84,6 +95,8 @@ class SimulatedEngine:
         prefix_caching: bool = False,
         ideal_cache: set[int] | None = None,
         adapters: AdapterSettings | None = None,
+        tiers: Sequence[BlockTier] = (),
+        kv_events: bool = False,
     ) -> None:
         if kv_tokens <= 0 or block_size <= 0:
             raise ValueError("kv_tokens and block_size must be positive")
@@ -100,6 +113,11 @@ class SimulatedEngine:
         self.ideal_cache = ideal_cache
         self.step_model = step_model
         self.adapters = AdapterCache(adapters) if adapters is not None else None
+        self.tiers = tuple(tiers)  # below the pool, nearest first
+        self.kv_events = kv_events
+        self._events: list[KVEvent] = []
+        self._load_s = 0.0  # this step's loads from the tiers
+        self.loaded_tokens_seen = 0  # prompt tokens loaded from a tier instead of prefilled
         self.total_blocks = kv_tokens // block_size
         # blocks a waiting request must leave free when it is admitted beside running ones (vLLM's)
         self.watermark_blocks = int(watermark * self.total_blocks)
@@ -177,8 +195,10 @@ class SimulatedEngine:
         if not decode and not admitted:
             return 0.0 if self._finished_outside_step else None
         prefill_tokens = sum(r.context - r.cached for r in admitted)
+        load_s, self._load_s = self._load_s, 0.0
         context = sum(r.context for r in decode)
-        duration = self.step_model.step_time(prefill_tokens, len(decode), context, len(admitted))
+        # the copies run on the GPU's copy engines beside the step's compute (vLLM loads asynchronously)
+        duration = max(self.step_model.step_time(prefill_tokens, len(decode), context, len(admitted)), load_s)
         if self.adapters is not None:  # the batch waits for its adapters' loads
             duration += self.adapters.activate(r.adapter for group in (admitted, decode) for r in group)
         self._plan = (admitted, decode, duration)
@@ -195,6 +215,8 @@ class SimulatedEngine:
         for req in admitted:
             if self.prefix_caching and req.prefix:
                 self._cache_prompt(req)
+                for tier in self.tiers:  # written through once computed
+                    tier.store(req.prefix, req.prefix_block)
             if self.ideal_cache is not None:
                 self.ideal_cache.update(req.prefix)
             if not req.ever_started:
@@ -226,6 +248,11 @@ class SimulatedEngine:
         report.running = len(self.running)
         report.waiting = len(self.waiting)
         report.preempted = self._preempted_last
+        if self.kv_events:
+            report.kv_events = self._events
+            self._events = []
+            for tier in self.tiers:
+                report.kv_events.extend(tier.take_events())
         if self.adapters is not None:
             report.adapters = tuple(self.adapters.gpu)
             report.host_adapters = tuple(self.adapters.host)
@@ -302,7 +329,7 @@ class SimulatedEngine:
                     self.used_blocks += b
                 self._refs[h] = self._refs.get(h, 0) + 1
             req.shared = list(hits)
-            found = max(len(hits), self._ideal_hits(req))
+            found = max(len(hits) + self._load_from_tiers(req, len(hits)), self._ideal_hits(req))
             req.cached = min(found * req.prefix_block, req.prompt_tokens - 1) if found else 0
             self.prompt_tokens_seen += req.prompt_tokens
             self.cached_tokens_seen += req.cached
@@ -328,6 +355,23 @@ class SimulatedEngine:
             hits.append(h)
         return hits
 
+    def _load_from_tiers(self, req: EngineRequest, start: int) -> int:
+        """Blocks of ``req``'s prompt after its ``start`` pool hits that the tiers hold, in order
+        without a gap: loaded (the step waits for them), not prefilled."""
+        if not self.tiers or not req.prefix or not self.prefix_caching:
+            return 0
+        at = start
+        for tier in self.tiers:
+            n = tier.leading(req.prefix, at)
+            if n:
+                tokens = min(n * req.prefix_block, req.prompt_tokens - 1 - at * req.prefix_block)
+                if tokens > 0:
+                    self._load_s += tier.settings.load_seconds(tokens)
+                    self.loaded_tokens_seen += tokens
+                tier.store(req.prefix[at : at + n], req.prefix_block)  # used: most recent there too
+                at += n
+        return at - start
+
     def _ideal_hits(self, req: EngineRequest) -> int:
         """How many of ``req``'s leading blocks the ideal cache holds (0 without one)."""
         if self.ideal_cache is None:
@@ -342,18 +386,22 @@ class SimulatedEngine:
     def _cache_prompt(self, req: EngineRequest) -> None:
         """After its prefill, ``req``'s own full prompt blocks become cached blocks it holds."""
         held = set(req.shared)
+        stored = []
         for h in req.prefix[len(req.shared) :]:
             if h in self._refs or h in self._evictable or h in held:
                 continue  # cached meanwhile by another request: this copy stays private
             self._refs[h] = 1
             req.shared.append(h)
             held.add(h)
+            stored.append(h)
+        if self.kv_events and stored:
+            self._events.append(("stored", MEDIUM_GPU, tuple(stored)))
 
     def _release(self, req: EngineRequest) -> None:
         """Free ``req``'s blocks: private ones at once, shared ones stay cached once no one holds them."""
         per = self._blocks_for(req.prefix_block) if req.shared else 0
         self.used_blocks -= req.blocks - len(req.shared) * per
-        for h in req.shared:
+        for h in reversed(req.shared):  # its last block is evicted first, as vLLM frees a request's blocks
             left = self._refs[h] - 1
             if left:
                 self._refs[h] = left
@@ -368,9 +416,13 @@ class SimulatedEngine:
     def _evict_to_fit(self) -> None:
         """Drop the least recently used unheld cached blocks until the pool holds what is in use."""
         evictable = self._evictable
+        gone = []
         while self.used_blocks + self.evictable_blocks > self.total_blocks and evictable:
-            _, b = evictable.popitem(last=False)
+            h, b = evictable.popitem(last=False)
             self.evictable_blocks -= b
+            gone.append(h)
+        if self.kv_events and gone:
+            self._events.append(("removed", MEDIUM_GPU, tuple(gone)))
 
     def _forget(self, req: EngineRequest, reason: str, into: list[FinishedRequest]) -> None:
         self._release(req)

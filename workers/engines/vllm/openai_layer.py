@@ -36,6 +36,8 @@ class AccountedEngine:
                 yield out
             return
         rid = grant.request_id
+        if self._runner.kv_keys is not None:  # its KV events name the salt: which group's blocks they are
+            self._runner.kv_keys.learn_salt(grant.cache_salt, grant.cache_group)
         wanted = sampling_params.output_kind
         sampling_params.output_kind = RequestOutputKind.DELTA  # every step's tokens, to report them
         self._runner._engine_ids[rid] = request_id

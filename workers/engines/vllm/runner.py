@@ -13,6 +13,7 @@ plus a short queue, so vLLM's waiting queue stays short and VTC's order decides 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -20,7 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.engines.interface import Delta, FinishedRequest, GenerationParams, StepCallback, StepReport
+from workers.engines.interface import Delta, FinishedRequest, GenerationParams, KVEvent, StepCallback, StepReport
+from workers.engines.vllm.kv_event_keys import KvEventKeys
 from workers.engines.vllm.settings import VllmSettings
 
 log = logging.getLogger(__name__)
@@ -35,9 +37,11 @@ class _Pending:
     new_tokens: dict[str, int] = field(default_factory=dict)
     finished: list[FinishedRequest] = field(default_factory=list)
     adapter_loads: dict[str, float] = field(default_factory=dict)
+    kv_events: list[KVEvent] = field(default_factory=list)
 
 
 WARM_UP_PROMPT_TOKENS = 32
+KV_TOPIC = b"kv"
 
 
 class VllmRunner:
@@ -73,6 +77,9 @@ class VllmRunner:
         self._running = 0
         self._waiting = 0
         self.steps = 0
+        self.kv_keys: KvEventKeys | None = None  # vLLM's KV events in the dispatcher's terms (when on)
+        self._kv_listener: asyncio.Task[None] | None = None
+        self._kv_endpoint = ""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -82,8 +89,12 @@ class VllmRunner:
         self._on_step = on_step
         os.environ.update(self.settings.cpu_environment())  # before the engine's processes start: inherited
         args = self.settings.async_engine_args(self.served_model)
+        if self.settings.kv_events:
+            args.kv_events_config = self._listen_to_kv_events()
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger])
         cache = self.llm.vllm_config.cache_config
+        if self._kv_listener is not None:
+            self.kv_keys = KvEventKeys(self.served_model, int(cache.block_size))
         usable_blocks = int(cache.num_gpu_blocks) - 1  # vLLM keeps one block aside (the null block)
         self.block_size = int(cache.block_size)
         self.kv_tokens = usable_blocks * self.block_size
@@ -112,9 +123,58 @@ class VllmRunner:
             pass
 
     async def stop(self) -> None:
+        if self._kv_listener is not None:
+            self._kv_listener.cancel()
+            self._kv_listener = None
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+        if self._kv_endpoint:
+            with contextlib.suppress(OSError):
+                os.unlink(self._kv_endpoint.removeprefix("ipc://"))
+
+    def _listen_to_kv_events(self) -> Any:
+        """vLLM publishes its KV cache events on a ZMQ socket of this process's own (a Unix socket: no
+        port, nothing on the network); a task here subscribes before the engine starts, so that no
+        event is missed, and turns each into the dispatcher's terms for the next report."""
+        import tempfile
+        import uuid
+
+        import zmq
+        import zmq.asyncio
+        from vllm.config.kv_events import KVEventsConfig
+
+        path = os.path.join(tempfile.gettempdir(), f"fairgate-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._kv_endpoint = f"ipc://{path}"
+        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket.connect(self._kv_endpoint)
+        socket.setsockopt(zmq.SUBSCRIBE, KV_TOPIC)
+        self._kv_listener = asyncio.get_running_loop().create_task(self._read_kv_events(socket))
+        return KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=self._kv_endpoint, topic=KV_TOPIC.decode()
+        )
+
+    async def _read_kv_events(self, socket: Any) -> None:
+        import msgspec
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        try:
+            while True:
+                _topic, _seq, payload = await socket.recv_multipart()
+                keys = self.kv_keys
+                if keys is None:  # the engine is still starting (its warm-up): nothing to key yet
+                    continue
+                for event in decoder.decode(payload).events:
+                    self._pending.kv_events.extend(keys.translate(event))
+                if self._pending.kv_events:
+                    self._schedule_flush()
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # the index falls back to its model of the cache: worth a line, not a crash
+            log.exception("vLLM's KV events: the listener stopped")
+        finally:
+            socket.close(linger=0)
 
     def _stat_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
         from workers.engines.vllm.step_logger import StepLogger
@@ -341,6 +401,7 @@ class VllmRunner:
             adapters=self._gpu_adapters if self._active else (),
             host_adapters=self._host_adapters,
             adapter_loads=pending.adapter_loads,
+            kv_events=pending.kv_events,
         )
         self._last_flush = now
         self._on_step(report)

@@ -42,6 +42,9 @@ class VllmSettings(BaseModel):
     max_loras: int | None = Field(None, ge=1, description="LoRA adapters a batch holds at once (none: no adapters)")
     max_cpu_loras: int | None = Field(None, ge=1, description="LoRA adapters kept in host memory (none: vLLM's)")
     max_lora_rank: int = Field(16, ge=1, description="the largest adapter rank served")
+    kv_events: bool = Field(
+        True, description="forward vLLM's KV cache events to the dispatcher's prefix index (ZMQ on a Unix socket)"
+    )
     extra_args: dict[str, Any] = Field(default_factory=dict, description="anything else, passed to AsyncEngineArgs")
     serve_args: list[str] = Field(
         default_factory=list,
