@@ -103,3 +103,21 @@ def test_hit_rates_are_on_metrics(gw):
     text = httpx.get(gw.base_url.removesuffix("/v1") + "/metrics", headers=headers, timeout=10).text
     assert "fairgate_worker_prefix_hit_ratio" in text
     assert 'fairgate_tenant_cached_prompt_tokens_total{tenant="alice"}' in text
+
+
+def test_the_engines_kv_events_feed_the_index_in_the_dispatchers_keys(gw):
+    """The simulated engines report what their caches store and evict, keyed as the ingress hashes
+    prompts (per tenant group): the index learns it from them, and its expectations match the
+    engines' exact counts on a conversation replay, shared groups included."""
+    before = gw.stats()["prefix_index"]
+    history = {(t, c): SYSTEM + f" conversation {c} of {t}" for t in ("alice", "carol", "dave") for c in range(2)}
+    for turn in range(3):
+        for key, prompt in history.items():
+            history[key] = prompt + f" turn {turn} " + "and a question about the queue " * 30
+            ask(gw, key[0], history[key])
+    after = gw.stats()["prefix_index"]
+    assert after["event_fed"]  # the workers' events arrived
+    compared = after["compared"] - before["compared"]
+    agreed = after["agreement"] * after["compared"] - (before["agreement"] or 0) * before["compared"]
+    assert compared >= 18 and agreed / compared >= 0.95, (agreed, compared)
+    assert sum(row["blocks"] for row in after["workers"].values()) > 0

@@ -62,6 +62,7 @@ class GenerationParams:
     cache_salt: str = ""  # the prefix cache keeps prompts of different salts apart
     priority: int = 0  # the engine's preemption rank, where it takes one (larger: preempted first)
     adapter: str = ""  # the LoRA adapter it is served with ("": the base model)
+    cache_group: str = ""  # whose salt ``cache_salt`` is (its engine's KV events are keyed by it)
 
 
 @dataclass(slots=True)

@@ -87,6 +87,7 @@ def build_openai_app(runner: Any, default_max_tokens: int = 256) -> FastAPI:
             cache_salt=grant.cache_salt if grant is not None else str(body.get("cache_salt") or ""),
             priority=grant.priority if grant is not None else 0,
             adapter=grant.adapter if grant is not None else "",
+            cache_group=grant.cache_group if grant is not None else "",
         )
         deltas = runner.generate(rid, params)
         stops = StopScanner(req.stop_strings())

@@ -39,8 +39,9 @@ class SimulatedPlugin(EnginePlugin):
             preempt_by=s.preempt_by,
             watermark=s.watermark,
             adapters=s.adapter_settings(),
+            kv_events=s.prefix_caching,  # forwarded in the dispatcher's keys (``SimulatedRunner``)
         )
-        return SimulatedRunner(engine)
+        return SimulatedRunner(engine, served_model or "")
 
     def prompts(self, settings: Settings) -> PromptEstimator:
         from workers.engines.simulated.prompts import SimulatedPrompts

@@ -10,18 +10,27 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from common.prefix_hashes import block_hashes, for_adapter
+from common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
 from dispatcher.core.reasons import FINISH_REVOKED
-from workers.engines.interface import ASGIApp, Delta, GenerationParams, StepCallback, StepReport
+from workers.engines.interface import ASGIApp, Delta, GenerationParams, KVEvent, StepCallback, StepReport
 from workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
 
 CACHE_BLOCK_TOKENS = 16
 
 
+MAX_KEYS = 1_000_000
+
+
 class SimulatedRunner:
-    def __init__(self, engine: SimulatedEngine) -> None:
+    def __init__(self, engine: SimulatedEngine, served_model: str = "") -> None:
         self.engine = engine
+        self.served_model = served_model
+        # the engine's KV events name its own block hashes; the dispatcher's keys are the ingress's
+        # (``common.prefix_hashes``: the served model's name, a coarser stride, the group's salt): each
+        # request's blocks that end a stride are mapped to those keys when it is added
+        self._keys: dict[int, int] = {}
+        self.stride = hash_block_tokens(engine.block_size)
         self.kv_tokens = engine.kv_tokens
         self.block_size = engine.block_size
         # the prefix cache's unit: whole KV blocks of at least 16 tokens, as vLLM's GPU blocks
@@ -92,6 +101,8 @@ class SimulatedRunner:
         block = self.cache_block
         prefix = block_hashes(tokens, block, params.cache_salt) if self.engine.prefix_caching else ()
         prefix = for_adapter(prefix, params.adapter)  # a prefix under one adapter is no hit under another
+        if self.engine.kv_events and prefix and params.cache_group:
+            self._map_keys(tokens, prefix, params)
         seed = params.seed if params.seed is not None else stable_seed(request_id)
         target = params.max_tokens if params.ignore_eos else min(params.max_tokens, natural_length(prompt_text, seed))
         queue: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
@@ -140,8 +151,37 @@ class SimulatedRunner:
                 continue
             await asyncio.sleep(duration)
             report = engine.end_step()
+            if report.kv_events:
+                report.kv_events = self._translate(report.kv_events)
             self._deliver(report)
             self._on_step(report)
+
+    def _map_keys(self, tokens: list[int], prefix: tuple[int, ...], params: GenerationParams) -> None:
+        """Which of ``prefix``'s engine blocks end a stride of the dispatcher's, and its key there."""
+        if self.stride % self.cache_block:
+            return
+        per = self.stride // self.cache_block
+        raw = block_hashes(tokens, self.stride, self.served_model)
+        keys = salted(for_adapter(raw, params.adapter), params.cache_group)
+        if len(self._keys) > MAX_KEYS:
+            self._keys.clear()
+        for k, key in enumerate(keys):
+            end = (k + 1) * per - 1
+            if end < len(prefix):
+                self._keys[prefix[end]] = key
+
+    def _translate(self, events: list[KVEvent]) -> list[KVEvent]:
+        """The engine's events in the dispatcher's keys (blocks that end no stride are left out)."""
+        out: list[KVEvent] = []
+        keys = self._keys
+        for kind, medium, hashes in events:
+            if kind == "removed":
+                mapped = tuple(k for h in hashes if (k := keys.pop(h, None)) is not None)
+            else:
+                mapped = tuple(keys[h] for h in hashes if h in keys)
+            if mapped or kind == "cleared":
+                out.append((kind, medium, mapped))
+        return out
 
     def _deliver(self, report: StepReport) -> None:
         for rid, cached in report.cached.items():
