@@ -56,7 +56,7 @@ class OutOfOrderPicks:
                 gain = expected(slot.id, req.prefix, req.block_tokens)
                 if gain > head_gain and (best is None or gain > best[0]):  # a longer cached prefix, never none
                     best = (gain, t, req, slot)
-        best = self._homed_pick(floor, top, head, parent, head_gain, best)
+        best = self._homed_pick(floor, head, parent, head_gain, best)
         if best is None:
             return None if head_slot is None else (top, head, head_slot)
         _, t, req, slot = best
@@ -67,7 +67,6 @@ class OutOfOrderPicks:
     def _homed_pick(
         self,
         floor: float,
-        top: Tenant,
         head: Request,
         parent: TreeNode,
         gain_to_beat: int,
@@ -75,8 +74,8 @@ class OutOfOrderPicks:
     ) -> tuple[int, Tenant, Request, WorkerSlot] | None:
         """``best`` of ``_local_pick``, or a request homed on a worker that can take work now
         (``continuations``: it extends one dispatched there) if it finds more cached there: at most
-        ``LOCAL_WINDOW`` per worker, most recently homed first, of tenants ``_local_pick`` may pick
-        (``top`` included: its own later request may go before its head, as a window's would)."""
+        ``HOMED_WINDOW`` per worker, most recently homed first, of tenants ``_local_pick`` may pick
+        (the top one included: its own later request may go before its head, as a window's would)."""
         homes = self.continuations.homes
         if not homes:
             return best

@@ -133,38 +133,32 @@ class PrefixIndex:
 
     def expected_tokens(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> int:
         """Prompt tokens a request with ``prefix`` should find cached on ``worker_id``, in any tier."""
-        cache = self._workers.get(worker_id)
-        if cache is None or not prefix:
-            return 0
-        last = self._last.get(worker_id)
-        version = cache.version + self._tiers_version
-        if last is not None and last[1] is prefix and last[0] == version:
-            gpu, host, shared = last[2]
-        else:
-            gpu, host, shared = blocks = self._matched_by_tier(cache, prefix)
-            self._last[worker_id] = (version, prefix, blocks)
+        gpu, host, shared = self._found(worker_id, prefix)
         return (gpu + host + shared) * block_tokens
 
     def expected_by_tier(self, worker_id: str, prefix: Sequence[int], block_tokens: int) -> tuple[int, int, int]:
         """Prompt tokens ``prefix`` should find on ``worker_id``: in its pool, then (where the pool's
         run ends) in its host memory, then in the shared store."""
+        gpu, host, shared = self._found(worker_id, prefix)
+        return gpu * block_tokens, host * block_tokens, shared * block_tokens
+
+    @property
+    def tiered(self) -> bool:
+        """Some tier below a pool has reported (until then every expectation is the pool's)."""
+        return self._tiers_version > 0
+
+    def _found(self, worker_id: str, prefix: Sequence[int]) -> tuple[int, int, int]:
+        """Blocks of ``prefix`` found per tier on ``worker_id``, remembered until its caches change."""
         cache = self._workers.get(worker_id)
         if cache is None or not prefix:
             return NOTHING
         last = self._last.get(worker_id)
         version = cache.version + self._tiers_version
         if last is not None and last[1] is prefix and last[0] == version:
-            blocks = last[2]
-        else:
-            blocks = self._matched_by_tier(cache, prefix)
-            self._last[worker_id] = (version, prefix, blocks)
-        gpu, host, shared = blocks
-        return gpu * block_tokens, host * block_tokens, shared * block_tokens
-
-    @property
-    def tiered(self) -> bool:
-        """Some tier below a pool holds anything (until then every expectation is the pool's)."""
-        return bool(self._shared) or any(c.host for c in self._workers.values())
+            return last[2]
+        blocks = self._matched_by_tier(cache, prefix)
+        self._last[worker_id] = (version, prefix, blocks)
+        return blocks
 
     def _matched_by_tier(self, cache: WorkerCache, prefix: Sequence[int]) -> tuple[int, int, int]:
         gpu = cache.matched(prefix)

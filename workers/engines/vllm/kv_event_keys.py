@@ -79,9 +79,9 @@ class KvEventKeys:
         size = int(event.block_size)
         tokens = event.token_ids
         prev = None if event.parent_block_hash is None else self._chains.get(event.parent_block_hash)
-        if event.parent_block_hash is None:
-            prev = _Chain(hashlib.blake2b(self.model.encode(), digest_size=8), 0, self._group(event), "", None)
-            prev.adapter = event.lora_name or ""
+        if event.parent_block_hash is None:  # a chain's first block: hashed from the model's name, as the ingress does
+            root = hashlib.blake2b(self.model.encode(), digest_size=8)
+            prev = _Chain(root, 0, self._group(event), event.lora_name or "", None)
         keys: list[int] = []
         for i, h in enumerate(event.block_hashes):
             known = self._chains.get(h)
