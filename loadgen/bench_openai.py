@@ -74,7 +74,7 @@ class ArmResult:
 # ----------------------------------------------------------------------------- the client
 
 
-async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:
     """(seconds to the first content, output tokens) of one streamed chat completion."""
     t0 = time.perf_counter()
     first = 0.0
@@ -106,7 +106,7 @@ async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
                 yield line[5:].strip()
 
 
-async def _closed_loops(
+async def closed_loops(
     n: int, total: int, one, kinds: collections.Counter[str] | None = None
 ) -> tuple[list[Any], int, float]:
     """``total`` calls of ``one()`` from ``n`` closed loops; (results, errors, seconds). ``kinds``
@@ -137,14 +137,14 @@ def _chat(config: OpenAIBenchConfig) -> Callable[[], dict[str, Any]]:
     ``prompt_words`` a long one that starts with a number of its own, so that no two requests share a
     cached prefix (a KV-bound load)."""
     if not config.prompt_words:
-        body = _chat_body(config, PROMPT)
+        body = chat_body(config, PROMPT)
         return lambda: body
     counter = itertools.count()
     filler = " ".join(FILLER[i % len(FILLER)] for i in range(config.prompt_words - 1))
-    return lambda: _chat_body(config, f"{next(counter)} {filler}")
+    return lambda: chat_body(config, f"{next(counter)} {filler}")
 
 
-def _chat_body(config: OpenAIBenchConfig, prompt: str) -> dict[str, Any]:
+def chat_body(config: OpenAIBenchConfig, prompt: str) -> dict[str, Any]:
     return {
         "model": config.model,
         "messages": [{"role": "user", "content": prompt}],
@@ -155,7 +155,7 @@ def _chat_body(config: OpenAIBenchConfig, prompt: str) -> dict[str, Any]:
     }
 
 
-def _client(api_key: str, connections: int) -> httpx.AsyncClient:
+def bench_client(api_key: str, connections: int) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.AsyncClient(timeout=300, headers={"Authorization": f"Bearer {api_key}"}, limits=limits)
 
@@ -167,25 +167,23 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
     short = {"model": config.model, "prompt": "hello", "max_tokens": 1, "ignore_eos": True}
     url = base_url + "/chat/completions"
     kinds: collections.Counter[str] = collections.Counter()
-    async with _client(api_key, config.concurrency) as c:
-        await _closed_loops(4, 8, lambda: _stream_one(c, url, chat()))  # warm up both ways
-        light, light_errors, _ = await _closed_loops(
-            1, config.light_requests, lambda: _stream_one(c, url, chat()), kinds
-        )
+    async with bench_client(api_key, config.concurrency) as c:
+        await closed_loops(4, 8, lambda: stream_one(c, url, chat()))  # warm up both ways
+        light, light_errors, _ = await closed_loops(1, config.light_requests, lambda: stream_one(c, url, chat()), kinds)
         before = cpu_times()
-        loaded, errors, seconds = await _closed_loops(
-            config.concurrency, config.requests, lambda: _stream_one(c, url, chat()), kinds
+        loaded, errors, seconds = await closed_loops(
+            config.concurrency, config.requests, lambda: stream_one(c, url, chat()), kinds
         )
         after = cpu_times()
-    async with _client(api_key, config.short_concurrency) as c:
+    async with bench_client(api_key, config.short_concurrency) as c:
 
         async def one_short() -> int:
             r = await c.post(base_url + "/completions", json=short)
             r.raise_for_status()
             return 1
 
-        await _closed_loops(config.short_concurrency, config.short_concurrency, one_short)  # its connections
-        done, short_errors, short_s = await _closed_loops(
+        await closed_loops(config.short_concurrency, config.short_concurrency, one_short)  # its connections
+        done, short_errors, short_s = await closed_loops(
             config.short_concurrency, config.short_requests, one_short, kinds
         )
     ttfts = sorted(t for t, _ in loaded)
@@ -205,8 +203,8 @@ async def measure(base_url: str, api_key: str, config: OpenAIBenchConfig) -> Arm
 async def warm_up(base_url: str, api_key: str, config: OpenAIBenchConfig) -> None:
     """One loaded pass, not measured: a server's first loaded pass after it starts is slower."""
     chat, url = _chat(config), base_url + "/chat/completions"
-    async with _client(api_key, config.concurrency) as c:
-        await _closed_loops(config.concurrency, config.requests, lambda: _stream_one(c, url, chat()))
+    async with bench_client(api_key, config.concurrency) as c:
+        await closed_loops(config.concurrency, config.requests, lambda: stream_one(c, url, chat()))
 
 
 # ----------------------------------------------------------------------------- the arms

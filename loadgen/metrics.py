@@ -168,6 +168,7 @@ def summarize(
             "rejected": sum(1 for t, _, _ in rec.rejections if t == i),
             "unstarted": unstarted[i],
             "mean_ttft_s": _mean(t_ttft),
+            "p50_ttft_s": _pct(t_ttft, 50),
             "p99_ttft_s": _pct(t_ttft, 99),
             "mean_latency_s": _mean(t_e2e),
             "p99_latency_s": _pct(t_e2e, 99),

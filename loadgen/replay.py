@@ -10,7 +10,9 @@ client, a tenant is backlogged while one of its requests has been sent and no to
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import openai
@@ -19,7 +21,7 @@ from tqdm import tqdm
 from dispatcher.core.costs import CostFunction, LinearCost
 from dispatcher.core.fairness import in_flight_reach, two_u
 from loadgen.metrics import RunSummary, ServiceRecorder, summarize
-from loadgen.workload import Workload
+from loadgen.workload import TraceRequest, Workload
 
 
 @dataclass
@@ -34,6 +36,9 @@ class ReplayConfig:
     cost: CostFunction = field(default_factory=LinearCost)
     progress: bool = True
     timeout_s: float = 600.0
+    prompt: Callable[[TraceRequest], str] | None = None  # the prompt's text (None: the word "word", repeated)
+    routes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # tenant -> base URLs its requests take in turn
+    bound: float | None = None  # the endpoint's stated bound on the gap (None: 2U of the pool above)
 
 
 class _Live:
@@ -54,10 +59,15 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
     rec = ServiceRecorder(tenants, [workload.weight(t) for t in tenants], config.cost)
     live = _Live(tenants)
     errors = dict.fromkeys(tenants, 0)
+    urls = {t: config.routes.get(t) or (config.url,) for t in tenants}
     clients = {
-        t: openai.AsyncOpenAI(base_url=config.url, api_key=k, max_retries=0, timeout=config.timeout_s)
-        for t, k in config.keys.items()
+        (t, url): openai.AsyncOpenAI(base_url=url, api_key=config.keys[t], max_retries=0, timeout=config.timeout_s)
+        for t in tenants
+        for url in urls[t]
     }
+    turns = {t: itertools.cycle(urls[t]) for t in tenants}
+    route = [next(turns[r.tenant]) for r in requests]  # each tenant's requests take its URLs in turn
+    prompt_of = config.prompt or (lambda r: "word " * r.prompt_tokens)
     bar = tqdm(total=len(requests), unit="req", desc=f"{workload.name}", disable=None if config.progress else True)
     start = time.monotonic()
 
@@ -78,9 +88,9 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
         sample()
         got_first = False
         try:
-            stream = await clients[r.tenant].completions.create(
+            stream = await clients[r.tenant, route[i]].completions.create(
                 model=config.model,
-                prompt="word " * r.prompt_tokens,
+                prompt=prompt_of(r),
                 max_tokens=r.output_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -129,7 +139,9 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
         replicas=0,
         kv_tokens=config.pool_tokens,
         duration_s=max(horizon, 1e-9),
-        bound=two_u(config.cost, *workload.longest(), in_flight_reach(config.pool_tokens, config.overcommit)),
+        bound=config.bound
+        if config.bound is not None
+        else two_u(config.cost, *workload.longest(), in_flight_reach(config.pool_tokens, config.overcommit)),
     )
     summary.report["errors"] = errors
     return summary, errors

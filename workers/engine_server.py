@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import uvicorn
+from starlette.responses import Response
 
 from workers.engines import engine_for
 
@@ -22,7 +23,35 @@ async def engine_app(engine: str, settings: dict, model: str) -> tuple[Any, Any]
     plugin = engine_for(engine)
     runner = plugin.runner(plugin.settings(settings), model)
     await runner.start(lambda _report: None)
-    return runner, await runner.openai_app()
+    app = await runner.openai_app()
+    add_serving_routes(app, runner, model)
+    return runner, app
+
+
+def add_serving_routes(app: Any, runner: Any, model: str) -> None:
+    """What routers ask of an engine's server besides completions, as vLLM's own server answers them:
+    ``/health``, ``/v1/models`` and ``/metrics`` with vLLM's gauges of requests running and waiting
+    (routers probe the first two; ``fairgate bench peers`` waits on the last for an idle engine)."""
+    engine = getattr(runner, "engine", None)
+
+    async def health() -> Response:
+        return Response(status_code=200 if runner.healthy() else 503)
+
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "fairgate"}]}
+
+    async def metrics() -> Response:
+        running = len(engine.running) if engine is not None else int(runner.has_work())
+        waiting = len(engine.waiting) if engine is not None else 0
+        text = "".join(
+            f'# TYPE vllm:{name} gauge\nvllm:{name}{{model_name="{model}"}} {value}\n'
+            for name, value in (("num_requests_running", running), ("num_requests_waiting", waiting))
+        )
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
 
 
 async def serve_engine(engine: str, settings: dict, model: str, port: int) -> None:

@@ -122,6 +122,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     ob.add_argument("--json", default=None, help="also write the figures to this file")
     ob.set_defaults(bench=_openai)
+    pb = targets.add_parser("peers", help="fairgate against other routers on the same engines and traffic")
+    pb.add_argument("--workloads", default="overload,on_off,real,mooncake,skew", help="comma-separated")
+    pb.add_argument("--peers", default="sglang-router,vllm-router,ray-serve-llm,litellm", help="comma-separated")
+    pb.add_argument("--engine", choices=engine_names(), default="simulated", help="vllm: a small variant on CPU")
+    pb.add_argument("--engines", type=int, default=2, help="engines behind every arm")
+    pb.add_argument("--model", default=None, help="vLLM model (default tiny)")
+    pb.add_argument("--kv-tokens", type=int, default=None, help="each engine's KV pool (simulated 10,000, vLLM 8192)")
+    pb.add_argument("--dtype", default=None, help="vLLM's dtype (e.g. float32 where bfloat16 kernels fail)")
+    pb.add_argument("--seconds", type=float, default=40.0, help="of each workload, per pass")
+    pb.add_argument("--rounds", type=int, default=2, help="passes of each arm, the others paused (medians)")
+    pb.add_argument("--out", default="out/peers", help="where the JSON and a plot per workload go")
+    pb.add_argument("--log-dir", default=None, help="keep every server's log here")
+    pb.set_defaults(bench=_peers)
     return bench
 
 
@@ -533,4 +546,46 @@ def _vllm(args: argparse.Namespace) -> int:
                 f" {r.backlogged:>11.0%}"
             )
         print(line)
+    return 0
+
+
+def _peers(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from loadgen.peers.bench import PeersBenchConfig, bench_peers
+    from loadgen.peers.report import format_peers, plot_peers
+    from loadgen.peers.routers import PEERS
+    from loadgen.peers.workloads import NAMES
+
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+    if not workloads or any(w not in NAMES for w in workloads):
+        raise UsageError(f"--workloads: a list of {', '.join(NAMES)}")
+    if any(p not in PEERS for p in peers):
+        raise UsageError(f"--peers: a list of {', '.join(PEERS)}")
+    missing = [p for p in peers if not PEERS[p].installed()]
+    if missing:
+        raise UsageError(f"not installed: {', '.join(missing)} (bash scripts/setup_peers.sh installs every peer)")
+    if args.engines < 1 or args.rounds < 1 or args.seconds <= 0:
+        raise UsageError("--engines, --rounds and --seconds must be positive")
+    config = PeersBenchConfig(args.engine, args.engines, args.seconds, args.rounds, workloads, peers)
+    if args.engine != "simulated":
+        from workers.engines import engine_for
+
+        options = {"model": args.model, "kv_tokens": args.kv_tokens, "dtype": args.dtype, "cpu_threads": 1}
+        config.settings, config.model = engine_for(args.engine).benchmark_settings(options)
+    elif args.kv_tokens:
+        config.settings = {**config.settings, "kv_tokens": args.kv_tokens}
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    out = bench_peers(config, log_dir)
+    where = Path(args.out)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "peers.json").write_text(json.dumps(out, indent=1))
+    for name, w in out["workloads"].items():
+        plot_peers(where / f"peers-{name}.png", name, w)
+    print(format_peers(out))
+    print(f"\nwrote {where / 'peers.json'} and a plot per workload")
     return 0

@@ -9,7 +9,7 @@ import json
 
 import httpx
 
-from loadgen.bench_openai import _closed_loops, sse_data
+from loadgen.bench_openai import closed_loops, sse_data
 
 
 def test_closed_loops_make_every_call_and_count_failures_by_kind():
@@ -29,7 +29,7 @@ def test_closed_loops_make_every_call_and_count_failures_by_kind():
         return number
 
     kinds: collections.Counter[str] = collections.Counter()
-    results, errors, seconds = asyncio.run(_closed_loops(3, 35, one, kinds))
+    results, errors, seconds = asyncio.run(closed_loops(3, 35, one, kinds))
     assert calls == 35 and len(results) + errors == 35 and seconds >= 0
     assert kinds == {"RemoteProtocolError": 7, "HTTP 503": 4}  # 35 is counted as a protocol error
     assert errors == 11
