@@ -570,7 +570,7 @@ def _peers(args: argparse.Namespace) -> int:
     if args.engines < 1 or args.rounds < 1 or args.seconds <= 0:
         raise UsageError("--engines, --rounds and --seconds must be positive")
     config = PeersBenchConfig(args.engine, args.engines, args.seconds, args.rounds, workloads, peers)
-    if args.engine != "simulated":
+    if args.engine != PeersBenchConfig.engine:  # another engine than the default's: its benchmark settings
         from workers.engines import engine_for
 
         options = {"model": args.model, "kv_tokens": args.kv_tokens, "dtype": args.dtype, "cpu_threads": 1}

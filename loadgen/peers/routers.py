@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from common.processes import stop_group
 from loadgen.serve_process import LAUNCH_ENVIRONMENT, free_port, wait_for_completion
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -148,13 +147,6 @@ def peer_instance(
         wait_for_completion(base, model, key, proc, timeout_s=180.0)
         yield base, proc.pid
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        stop_group(proc)
         if log is not None:
             out.close()  # type: ignore[union-attr]
