@@ -107,6 +107,13 @@ class ServiceRecorder:
         for rid in finished:
             requests[rid].finish_s = now
 
+    def on_cache_report(self, request_id: str, cached: int) -> None:
+        """A client learns a prompt's prefix-cache hit only from the final usage, after the prompt was
+        charged: count it for the hit rate, leave the charge as it was."""
+        rec = self.requests[request_id]
+        self.cached_tokens_served += cached
+        self.tenant_cached[rec.tenant] += cached
+
     def sample(self, now: float, backlogged: list[bool]) -> None:
         self.sample_times.append(now)
         self.sample_service.append(self.service.copy())

@@ -101,6 +101,9 @@ async def replay(workload: Workload, config: ReplayConfig) -> tuple[RunSummary, 
                 if chunk.usage is not None:  # exact count: settle any difference with what was counted
                     if chunk.usage.completion_tokens > seen:
                         rec.on_step(now(), {}, {rid: chunk.usage.completion_tokens - seen}, [])
+                    details = chunk.usage.prompt_tokens_details
+                    if got_first and details is not None and details.cached_tokens:
+                        rec.on_cache_report(rid, details.cached_tokens)
                     continue
                 text = chunk.choices[0].text if chunk.choices else ""
                 if not text:

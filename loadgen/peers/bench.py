@@ -37,7 +37,8 @@ from loadgen.replay import ReplayConfig, replay
 from loadgen.serve_process import free_port, served_gateway
 from workers.engines import engine_for
 
-FAIRGATE = "fairgate"
+FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm
+FAIRGATE_VTC = "fairgate-vtc"  # where prompts share prefixes, also plain VTC placed by room
 ALONE = "engine alone"
 SETTLE_S = 2.0  # after an arm is continued, its timers catch up before it is measured
 OVERCOMMIT = 2.0  # fairgate's defaults, which the bench runs with
@@ -80,9 +81,17 @@ def bound(config: PeersBenchConfig, pw: PeerWorkload) -> float:
     return two_u(cost, prompt, output, in_flight_reach(pool, OVERCOMMIT)) + queues
 
 
-def fairgate_config(config: PeersBenchConfig, pw: PeerWorkload, keys: dict[str, str]) -> dict[str, Any]:
-    """fairgate with ``config``'s engines as its workers; its cache-aware policy where prompts share prefixes."""
-    cache_aware = pw.block_tokens > 0
+def fairgate_arms(pw: PeerWorkload) -> dict[str, bool]:
+    """fairgate's arms on ``pw``, each with whether it runs the cache-aware policy: where prompts share
+    prefixes, that policy and plain VTC both (what the cache-aware one gains or costs shows)."""
+    return {FAIRGATE: True, FAIRGATE_VTC: False} if pw.block_tokens > 0 else {FAIRGATE: False}
+
+
+def fairgate_config(
+    config: PeersBenchConfig, pw: PeerWorkload, keys: dict[str, str], cache_aware: bool
+) -> dict[str, Any]:
+    """fairgate with ``config``'s engines as its workers: its cache-aware policy and placement by cached
+    prefix, or plain VTC placed by room."""
     return {
         "model": config.model,
         "policy": f"vtc-locality:{LOCALITY_SLACK}" if cache_aware else "vtc",
@@ -116,10 +125,12 @@ def _arms(
     tenants = pw.workload.tenants
     with contextlib.ExitStack() as stack:
         keys = {t: "fg-bench-" + secrets.token_hex(12) for t in tenants}
-        log = log_dir / f"fairgate-{pw.name}.log" if log_dir is not None else None
-        gateway = fairgate_config(config, pw, keys)
-        base, _, pid = stack.enter_context(served_gateway(gateway, free_port(), keys[tenants[0]], log=log))
-        arms = {FAIRGATE: Arm([base] * pw.gateway_instances, keys, (pid,), False)}
+        arms: dict[str, Arm] = {}
+        for name, cache_aware in fairgate_arms(pw).items():
+            log = log_dir / f"{name}-{pw.name}.log" if log_dir is not None else None
+            gateway = fairgate_config(config, pw, keys, cache_aware)
+            base, _, pid = stack.enter_context(served_gateway(gateway, free_port(), keys[tenants[0]], log=log))
+            arms[name] = Arm([base] * pw.gateway_instances, keys, (pid,), False)
         for name in config.peers:
             urls, roots, key = [], [], "sk-" + secrets.token_hex(16)
             for i in range(pw.gateway_instances):
@@ -200,6 +211,7 @@ def _figures(report: dict[str, Any], limit: float, light_ms: float | None) -> di
         "gap": report["max_abs_service_diff"],
         "gap_vs_bound": report["max_abs_service_diff"] / limit,
         "jain": report["jain_index"],
+        "prefix_hit_rate": report["prefix_hit_rate"],
         "errors": sum(report.get("errors", {}).values()),
         "light_ttft_ms": light_ms,
         "tenants": {
@@ -243,7 +255,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def verdict(arms: dict[str, Any]) -> dict[str, Any]:
     """What the issue asks of fairgate on a workload, against the best peer on each figure."""
-    peers = {n: a for n, a in arms.items() if n != FAIRGATE}
+    peers = {n: a for n, a in arms.items() if n not in (FAIRGATE, FAIRGATE_VTC)}
     ours = arms[FAIRGATE]
     best = max((a["throughput_tokens_per_s"] for a in peers.values()), default=None)
     best_output = max((a["output_tokens_per_s"] for a in peers.values()), default=None)

@@ -28,19 +28,20 @@ def workload_table(name: str, w: dict[str, Any]) -> list[str]:
     arms = w["arms"]
     tenants = list(next(iter(arms.values()))["tenants"])
     shown = tenants if len(tenants) <= TENANT_COLUMNS else ["slowest"]
-    head = "| arm | tokens/s | output tokens/s | gap / bound | Jain | "
+    head = "| arm | tokens/s | output tokens/s | prefix hits | gap / bound | Jain | "
     head += " | ".join(f"{t} TTFT p50/p99 s" for t in shown)
     lines = [
         f"**{name}** ({w['requests']} requests in {w['seconds']:.0f} s; bound {w['bound']:,.0f}; one stream to "
         f"an engine alone: first token {_num(w['alone_light_ttft_ms'], '.1f')} ms)",
         "",
         head + " | light load +ms | errors |",
-        "|---" * (7 + len(shown)) + "|",
+        "|---" * (8 + len(shown)) + "|",
     ]
     for arm, a in arms.items():
         cells = [_ttft(a["tenants"][t]) for t in tenants] if len(tenants) <= TENANT_COLUMNS else [_slowest(a)]
         lines.append(
             f"| {arm} | {a['throughput_tokens_per_s']:,.0f} | {a['output_tokens_per_s']:,.0f} | "
+            f"{_num(a['prefix_hit_rate'], '.0%')} | "
             f"{a['gap']:,.0f} ({a['gap_vs_bound']:.3f}) | "
             f"{_num(a['jain'], '.3f')} | " + " | ".join(cells) + f" | {_num(a['light_ttft_added_ms'], '+.1f')} | "
             f"{a['errors']} |"
@@ -81,7 +82,7 @@ def plot_peers(path: Path, name: str, w: dict[str, Any]) -> Path:
         ("tokens/s", [w["arms"][a]["throughput_tokens_per_s"] for a in arms]),
     ]
     for ax, (title, values) in zip(axes, panels, strict=False):
-        ax.bar(arms, values, color=["tab:green" if a == "fairgate" else "tab:gray" for a in arms])
+        ax.bar(arms, values, color=["tab:green" if a.startswith("fairgate") else "tab:gray" for a in arms])
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     axes[0].axhline(1.0, color="black", linestyle="--", linewidth=1.0)

@@ -90,6 +90,7 @@ def test_loadgen_replays_a_workload_against_the_gateway(serve_port, tmp_path):
         run = json.loads((out / "report.json").read_text())["runs"][0]
         assert run["policy"] == "vtc" and set(run["tenants"]) == {"A", "B"}
         assert run["errors"] == {"A": 0, "B": 0}
+        assert run["prefix_hit_rate"] > 0  # every prompt is the same: the engine's final usage reports the hits
         assert run["tenants"]["B"]["requests"] == 2 * run["tenants"]["A"]["requests"]
         # the light load is served in full: service = (20 + 2 × 10) per request
         finished = sum(run["tenants"][t]["service"] for t in "AB") / 40

@@ -10,7 +10,15 @@ import yaml
 
 from dispatcher.core import LinearCost, engine_queue_slack, two_u
 from gateway.config import parse_config
-from loadgen.peers.bench import FAIRGATE, PeersBenchConfig, _summary, bound, fairgate_config
+from loadgen.peers.bench import (
+    FAIRGATE,
+    FAIRGATE_VTC,
+    PeersBenchConfig,
+    _summary,
+    bound,
+    fairgate_arms,
+    fairgate_config,
+)
 from loadgen.peers.prompts import prompt_builder
 from loadgen.peers.report import format_peers, plot_peers
 from loadgen.peers.routers import PEERS
@@ -75,11 +83,14 @@ def test_the_bound_is_fairgates_for_the_pool_and_the_workload():
 def test_fairgates_configuration_is_one_it_accepts(name):
     w = peer_workload(name, engines=2, seconds=30.0)
     keys = {t: f"fg-bench-key-{i:04d}-abcdefghijkl" for i, t in enumerate(w.workload.tenants)}
-    raw = fairgate_config(PeersBenchConfig(), w, keys)
-    config, _ = parse_config(raw)
-    assert config.workers.count == 2
-    assert config.ingress.replicas == w.gateway_instances
-    assert (config.scheduler["placement"] == "prefix-affinity") == (name == "mooncake")
+    arms = fairgate_arms(w)
+    assert list(arms) == ([FAIRGATE, FAIRGATE_VTC] if name == "mooncake" else [FAIRGATE])
+    for cache_aware in arms.values():
+        config, _ = parse_config(fairgate_config(PeersBenchConfig(), w, keys, cache_aware))
+        assert config.workers.count == 2
+        assert config.ingress.replicas == w.gateway_instances
+        assert (config.scheduler["placement"] == "prefix-affinity") == cache_aware
+        assert config.scheduler["policy"].startswith("vtc-locality") == cache_aware
 
 
 def test_the_peers_listen_on_loopback_and_name_every_engine(tmp_path: Path):
@@ -99,7 +110,7 @@ def test_the_peers_listen_on_loopback_and_name_every_engine(tmp_path: Path):
     assert args[args.index("--host") + 1] == "127.0.0.1"
 
 
-def _pass(tokens: float, gap: float, light: float | None, p50: float) -> dict:
+def _pass(tokens: float, gap: float, light: float | None, p50: float, hits: float | None = None) -> dict:
     tenants = {"A": {"p50_ttft_s": p50, "p99_ttft_s": 2 * p50, "service": 1.0}}
     return {
         "throughput_tokens_per_s": tokens,
@@ -108,6 +119,7 @@ def _pass(tokens: float, gap: float, light: float | None, p50: float) -> dict:
         "gap": gap,
         "gap_vs_bound": gap / 100.0,
         "jain": 0.9,
+        "prefix_hit_rate": hits,
         "errors": 0,
         "light_ttft_ms": light,
         "tenants": tenants,
@@ -116,7 +128,7 @@ def _pass(tokens: float, gap: float, light: float | None, p50: float) -> dict:
 
 def test_the_summary_takes_medians_of_rounds_and_compares_with_the_best_peer(tmp_path: Path):
     passes = {
-        FAIRGATE: [_pass(1000, 10, 32.0, 1.0), _pass(900, 20, 33.0, 3.0), _pass(950, 150, 31.0, 2.0)],
+        FAIRGATE: [_pass(1000, 10, 32.0, 1.0, 0.5), _pass(900, 20, 33.0, 3.0, 0.25), _pass(950, 150, 31.0, 2.0)],
         "fast": [_pass(1100, 40, 40.0, 1.0), _pass(1000, 60, 42.0, 1.0), _pass(1050, 50, None, 1.0)],
     }
     w = peer_workload("overload", engines=1, seconds=5.0)
@@ -136,6 +148,7 @@ def test_the_summary_takes_medians_of_rounds_and_compares_with_the_best_peer(tmp
         "workloads": {"overload": s},
     }
     table = format_peers(out)
-    assert "| fairgate | 950 | 475 | 20 (0.200) | 0.900 | 2.00 / 4.00 | +2.0 | 0 |" in table
+    assert "| fairgate | 950 | 475 | 38% | 20 (0.200) | 0.900 | 2.00 / 4.00 | +2.0 | 0 |" in table
+    assert "| fast | 1,050 | 525 | - | 50 (0.500) |" in table  # no hit reported: none shown
     assert "with more throughput: fast" in table
     assert plot_peers(tmp_path / "p.png", "overload", s).stat().st_size > 0
