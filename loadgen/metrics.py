@@ -91,9 +91,8 @@ class ServiceRecorder:
                 rec.tenant
             ]
             self.prompt_tokens_served += prompt
-            self.cached_tokens_served += hit
             self.tenant_prompt[rec.tenant] += prompt
-            self.tenant_cached[rec.tenant] += hit
+            self._count_cached(rec.tenant, hit)
         for rid, k in new_tokens.items():
             rec = requests[rid]
             old = rec.generated
@@ -109,10 +108,12 @@ class ServiceRecorder:
 
     def on_cache_report(self, request_id: str, cached: int) -> None:
         """A client learns a prompt's prefix-cache hit only from the final usage, after the prompt was
-        charged: count it for the hit rate, leave the charge as it was."""
-        rec = self.requests[request_id]
+        charged: count it for the hit rate (so only finished requests' hits count), leave the charge."""
+        self._count_cached(self.requests[request_id].tenant, cached)
+
+    def _count_cached(self, tenant: int, cached: int) -> None:
         self.cached_tokens_served += cached
-        self.tenant_cached[rec.tenant] += cached
+        self.tenant_cached[tenant] += cached
 
     def sample(self, now: float, backlogged: list[bool]) -> None:
         self.sample_times.append(now)

@@ -37,7 +37,8 @@ from loadgen.replay import ReplayConfig, replay
 from loadgen.serve_process import free_port, served_gateway
 from workers.engines import engine_for
 
-FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm
+FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm (every
+# fairgate arm's name starts with it, no peer's does)
 FAIRGATE_VTC = "fairgate-vtc"  # where prompts share prefixes, also plain VTC placed by room
 ALONE = "engine alone"
 SETTLE_S = 2.0  # after an arm is continued, its timers catch up before it is measured
@@ -255,7 +256,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def verdict(arms: dict[str, Any]) -> dict[str, Any]:
     """What the issue asks of fairgate on a workload, against the best peer on each figure."""
-    peers = {n: a for n, a in arms.items() if n not in (FAIRGATE, FAIRGATE_VTC)}
+    peers = {n: a for n, a in arms.items() if not n.startswith(FAIRGATE)}
     ours = arms[FAIRGATE]
     best = max((a["throughput_tokens_per_s"] for a in peers.values()), default=None)
     best_output = max((a["output_tokens_per_s"] for a in peers.values()), default=None)

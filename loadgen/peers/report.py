@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from loadgen.peers.bench import FAIRGATE
+
 TENANT_COLUMNS = 4  # tenants shown one by one; beyond, the one with the slowest median first token
 
 
@@ -82,7 +84,7 @@ def plot_peers(path: Path, name: str, w: dict[str, Any]) -> Path:
         ("tokens/s", [w["arms"][a]["throughput_tokens_per_s"] for a in arms]),
     ]
     for ax, (title, values) in zip(axes, panels, strict=False):
-        ax.bar(arms, values, color=["tab:green" if a.startswith("fairgate") else "tab:gray" for a in arms])
+        ax.bar(arms, values, color=["tab:green" if a.startswith(FAIRGATE) else "tab:gray" for a in arms])
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     axes[0].axhline(1.0, color="black", linestyle="--", linewidth=1.0)
