@@ -134,6 +134,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     pb.add_argument("--rounds", type=int, default=2, help="passes of each arm, the others paused (medians)")
     pb.add_argument("--out", default="out/peers", help="where the JSON and a plot per workload go")
     pb.add_argument("--log-dir", default=None, help="keep every server's log here")
+    pb.add_argument(
+        "--controls",
+        action="store_true",
+        help="also fairgate in arrival order (fcfs): the gateway's own cost apart from the fair order's",
+    )
     pb.set_defaults(bench=_peers)
     return bench
 
@@ -570,6 +575,7 @@ def _peers(args: argparse.Namespace) -> int:
     if args.engines < 1 or args.rounds < 1 or args.seconds <= 0:
         raise UsageError("--engines, --rounds and --seconds must be positive")
     config = PeersBenchConfig(args.engine, args.engines, args.seconds, args.rounds, workloads, peers)
+    config.controls = args.controls
     if args.engine != PeersBenchConfig.engine:  # another engine than the default's: its benchmark settings
         from workers.engines import engine_for
 

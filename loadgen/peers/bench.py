@@ -40,6 +40,7 @@ from workers.engines import engine_for
 FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm (every
 # fairgate arm's name starts with it, no peer's does)
 FAIRGATE_VTC = "fairgate-vtc"  # where prompts share prefixes, also plain VTC placed by room
+FAIRGATE_FCFS = "fairgate-fcfs"  # on request (``controls``): fairgate serving in arrival order, placed by room
 ALONE = "engine alone"
 SETTLE_S = 2.0  # after an arm is continued, its timers catch up before it is measured
 OVERCOMMIT = 2.0  # fairgate's defaults, which the bench runs with
@@ -62,6 +63,9 @@ class PeersBenchConfig:
     light_requests: int = 20
     light_max_tokens: int = 16
     seed: int = 42
+    # also fairgate serving in arrival order: what the gateway itself costs, apart from what the fair
+    # order costs (the order changes which requests run, and so the work)
+    controls: bool = False
 
 
 @dataclass
@@ -82,21 +86,27 @@ def bound(config: PeersBenchConfig, pw: PeerWorkload) -> float:
     return two_u(cost, prompt, output, in_flight_reach(pool, OVERCOMMIT)) + queues
 
 
-def fairgate_arms(pw: PeerWorkload) -> dict[str, bool]:
-    """fairgate's arms on ``pw``, each with whether it runs the cache-aware policy: where prompts share
-    prefixes, that policy and plain VTC both (what the cache-aware one gains or costs shows)."""
-    return {FAIRGATE: True, FAIRGATE_VTC: False} if pw.block_tokens > 0 else {FAIRGATE: False}
+def fairgate_arms(pw: PeerWorkload, controls: bool = False) -> dict[str, tuple[str, str]]:
+    """fairgate's arms on ``pw``, each with its policy and placement: where prompts share prefixes, the
+    cache-aware policy placed by cached prefix and plain VTC placed by room both (what the cache-aware
+    one gains or costs shows), else plain VTC; with ``controls``, also FCFS placed by room."""
+    vtc = ("vtc", "most-room")
+    arms = {FAIRGATE: (f"vtc-locality:{LOCALITY_SLACK}", "prefix-affinity"), FAIRGATE_VTC: vtc}
+    if pw.block_tokens == 0:
+        arms = {FAIRGATE: vtc}
+    if controls:
+        arms[FAIRGATE_FCFS] = ("fcfs", "most-room")
+    return arms
 
 
 def fairgate_config(
-    config: PeersBenchConfig, pw: PeerWorkload, keys: dict[str, str], cache_aware: bool
+    config: PeersBenchConfig, pw: PeerWorkload, keys: dict[str, str], policy: str, placement: str
 ) -> dict[str, Any]:
-    """fairgate with ``config``'s engines as its workers: its cache-aware policy and placement by cached
-    prefix, or plain VTC placed by room."""
+    """fairgate with ``config``'s engines as its workers, ``policy`` ordering and ``placement`` placing."""
     return {
         "model": config.model,
-        "policy": f"vtc-locality:{LOCALITY_SLACK}" if cache_aware else "vtc",
-        "placement": "prefix-affinity" if cache_aware else "most-room",
+        "policy": policy,
+        "placement": placement,
         "overcommit": OVERCOMMIT,
         "max_engine_waiting": MAX_ENGINE_WAITING,
         "workers": {"count": config.engines, "engine": config.engine, **config.settings},
@@ -127,9 +137,9 @@ def _arms(
     with contextlib.ExitStack() as stack:
         keys = {t: "fg-bench-" + secrets.token_hex(12) for t in tenants}
         arms: dict[str, Arm] = {}
-        for name, cache_aware in fairgate_arms(pw).items():
+        for name, (policy, placement) in fairgate_arms(pw, config.controls).items():
             log = log_dir / f"{name}-{pw.name}.log" if log_dir is not None else None
-            gateway = fairgate_config(config, pw, keys, cache_aware)
+            gateway = fairgate_config(config, pw, keys, policy, placement)
             base, _, pid = stack.enter_context(served_gateway(gateway, free_port(), keys[tenants[0]], log=log))
             arms[name] = Arm([base] * pw.gateway_instances, keys, (pid,), False)
         for name in config.peers:

@@ -12,6 +12,7 @@ from dispatcher.core import LinearCost, engine_queue_slack, two_u
 from gateway.config import parse_config
 from loadgen.peers.bench import (
     FAIRGATE,
+    FAIRGATE_FCFS,
     FAIRGATE_VTC,
     PeersBenchConfig,
     _summary,
@@ -80,17 +81,25 @@ def test_the_bound_is_fairgates_for_the_pool_and_the_workload():
 
 
 @pytest.mark.parametrize("name", ["overload", "mooncake", "skew"])
-def test_fairgates_configuration_is_one_it_accepts(name):
+@pytest.mark.parametrize("controls", [False, True])
+def test_fairgates_configuration_is_one_it_accepts(name, controls):
     w = peer_workload(name, engines=2, seconds=30.0)
     keys = {t: f"fg-bench-key-{i:04d}-abcdefghijkl" for i, t in enumerate(w.workload.tenants)}
-    arms = fairgate_arms(w)
-    assert list(arms) == ([FAIRGATE, FAIRGATE_VTC] if name == "mooncake" else [FAIRGATE])
-    for cache_aware in arms.values():
-        config, _ = parse_config(fairgate_config(PeersBenchConfig(), w, keys, cache_aware))
+    arms = fairgate_arms(w, controls)
+    expected = [FAIRGATE, FAIRGATE_VTC] if name == "mooncake" else [FAIRGATE]
+    assert list(arms) == expected + ([FAIRGATE_FCFS] if controls else [])
+    policies = {}
+    for arm, (policy, placement) in arms.items():
+        config, _ = parse_config(fairgate_config(PeersBenchConfig(), w, keys, policy, placement))
         assert config.workers.count == 2
         assert config.ingress.replicas == w.gateway_instances
-        assert (config.scheduler["placement"] == "prefix-affinity") == cache_aware
-        assert config.scheduler["policy"].startswith("vtc-locality") == cache_aware
+        assert arm.startswith(FAIRGATE)  # the verdict tells fairgate's arms from the peers' by name
+        policies[arm] = (config.scheduler["policy"], config.scheduler["placement"])
+    cache_aware = name == "mooncake"
+    assert policies[FAIRGATE][0].startswith("vtc-locality") == cache_aware
+    assert (policies[FAIRGATE][1] == "prefix-affinity") == cache_aware
+    if controls:
+        assert policies[FAIRGATE_FCFS] == ("fcfs", "most-room")
 
 
 def test_the_peers_listen_on_loopback_and_name_every_engine(tmp_path: Path):
