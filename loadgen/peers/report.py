@@ -18,7 +18,7 @@ TENANT_COLUMNS = 4  # tenants shown one by one; beyond, the one with the slowest
 def format_peers(out: dict[str, Any]) -> str:
     c = out["config"]
     lines = [
-        f"{c['engines']} simulated engines ({c['settings']}), {c['seconds']:.0f} s per pass, medians of "
+        f"{c['engines']} {c['engine']} engine(s) ({c['settings']}), {c['seconds']:.0f} s per pass, medians of "
         f"{c['rounds']} rounds, every arm measured with the others paused",
     ]
     for name, w in out["workloads"].items():

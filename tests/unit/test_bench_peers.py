@@ -153,7 +153,7 @@ def test_the_summary_takes_medians_of_rounds_and_compares_with_the_best_peer(tmp
     assert v["light_ttft_added_vs_fastest_peer_ms"] == pytest.approx(-9.0)
     assert v["faster_peers"] == ["fast"] and v["fairer_peers"] == []
     out = {
-        "config": {"engines": 1, "settings": {}, "seconds": 5.0, "rounds": 3},
+        "config": {"engine": "simulated", "engines": 1, "settings": {}, "seconds": 5.0, "rounds": 3},
         "workloads": {"overload": s},
     }
     table = format_peers(out)
