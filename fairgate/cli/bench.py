@@ -574,8 +574,9 @@ def _peers(args: argparse.Namespace) -> int:
         raise UsageError(f"not installed: {', '.join(missing)} (bash scripts/setup_peers.sh installs every peer)")
     if args.engines < 1 or args.rounds < 1 or args.seconds <= 0:
         raise UsageError("--engines, --rounds and --seconds must be positive")
-    config = PeersBenchConfig(args.engine, args.engines, args.seconds, args.rounds, workloads, peers)
-    config.controls = args.controls
+    config = PeersBenchConfig(
+        args.engine, args.engines, args.seconds, args.rounds, workloads, peers, controls=args.controls
+    )
     if args.engine != PeersBenchConfig.engine:  # another engine than the default's: its benchmark settings
         from workers.engines import engine_for
 

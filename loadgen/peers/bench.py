@@ -91,9 +91,8 @@ def fairgate_arms(pw: PeerWorkload, controls: bool = False) -> dict[str, tuple[s
     cache-aware policy placed by cached prefix and plain VTC placed by room both (what the cache-aware
     one gains or costs shows), else plain VTC; with ``controls``, also FCFS placed by room."""
     vtc = ("vtc", "most-room")
-    arms = {FAIRGATE: (f"vtc-locality:{LOCALITY_SLACK}", "prefix-affinity"), FAIRGATE_VTC: vtc}
-    if pw.block_tokens == 0:
-        arms = {FAIRGATE: vtc}
+    cache_aware = (f"vtc-locality:{LOCALITY_SLACK}", "prefix-affinity")
+    arms = {FAIRGATE: cache_aware, FAIRGATE_VTC: vtc} if pw.block_tokens > 0 else {FAIRGATE: vtc}
     if controls:
         arms[FAIRGATE_FCFS] = ("fcfs", "most-room")
     return arms
