@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import Context
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +21,23 @@ _END = object()
 
 class Linger:
     """How long a stream's bytes may wait to be joined with the next ones: at most ``seconds`` after
-    the last piece went. ``end()`` cuts every wait short for good: the engine has finished the
-    request, so its last bytes go at once (a closed-loop client's next request waits on them)."""
+    the last piece went. Nothing waits until a piece that ``opens`` it has gone: what its client waits
+    for first (a stream's first generated text, which may come steps after its first event: a role's
+    event, tokens that decode to no text yet). ``end()`` cuts every wait short for good: the engine has
+    finished the request, so its last bytes go at once (a closed-loop client's next request waits on
+    them)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, opens: Callable[[bytes], bool] = bool) -> None:
         self.seconds = seconds
         self.ended = False
+        self.open = False
+        self._opens = opens
         self._waiter: asyncio.Future[None] | None = None
+
+    def handed(self, piece: bytes) -> None:
+        """``piece`` went on: if it is the one the client waited for, later pieces may wait."""
+        if not self.open:
+            self.open = self._opens(piece)
 
     def end(self) -> None:
         self.ended = True
@@ -77,8 +87,8 @@ async def call_asgi(
     """POST ``body`` to ``path``; returns once the app has sent its status and first body bytes (a
     stream's first event). ``context``: the context variables the app runs with. ``linger``: hand
     bytes on at most once per its interval, joining what came meanwhile (fewer, larger pieces to relay
-    when an engine steps fast); the first byte, bytes after a quiet interval and bytes after the
-    linger's end never wait."""
+    when an engine steps fast); bytes before the linger opens, bytes after a quiet interval and bytes
+    after the linger's end never wait."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     disconnected = asyncio.Event()
     sent_body = False
@@ -135,17 +145,25 @@ async def call_asgi(
         try:
             if first:
                 yield first
-                handed = loop.time()
+                handed = _handed(linger, first, loop)
             while more:
-                piece, more = await _body_piece(queue, task, linger, handed)
+                held = linger if linger is not None and linger.open else None
+                piece, more = await _body_piece(queue, task, held, handed)
                 if piece:
                     yield piece
-                    handed = loop.time()
+                    handed = _handed(linger, piece, loop)
         finally:
             disconnected.set()
             await _settle(task)
 
     return AsgiResponse(int(start["status"]), response_headers, chunks(), complete=not more)
+
+
+def _handed(linger: Linger | None, piece: bytes, loop: asyncio.AbstractEventLoop) -> float:
+    """When ``piece`` went on (now), told to its linger."""
+    if linger is not None:
+        linger.handed(piece)
+    return loop.time()
 
 
 async def _next(queue: asyncio.Queue[Any], task: asyncio.Task[None]) -> Any:

@@ -33,6 +33,7 @@ from workers.asgi_call import AsgiResponse, Linger, call_asgi
 from workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from workers.engines.interface import ASGIApp, EngineRunner, StepReport, TicketGrant, current_grant
 from workers.generate_server import GenerateServer
+from workers.stream_text import carries_text
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,9 @@ ENDED_KEPT = 20_000
 LEAVING_KEPT = 10_000  # requests left by their callers that the engine has not finished yet
 # A stream's bytes are relayed at most once per this interval, joined: far fewer messages per token
 # when an engine steps fast (each message costs the worker, the ingress and the client CPU; figures in
-# docs/speed.md); the first piece, a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after
-# the engine finished the request (a client's next request may wait on them) go at once.
+# docs/speed.md); the pieces up to the first that carries generated text (the first token, as its client
+# times it), a piece after a quiet interval (a GPU's 25-40 ms steps) and the pieces after the engine
+# finished the request (a client's next request may wait on them) go at once.
 RELAY_LINGER_S = 0.025
 # Step reports go to the dispatcher at most once per this interval, the steps in between merged: a GPU's
 # steps (20-40 ms) each go alone, at once; an engine stepping every millisecond does not cost a gRPC
@@ -66,7 +68,7 @@ class _Running:
     ticket_expires_at: float = 0.0  # on its dispatcher's clock (a restarted dispatcher reads it)
     started: bool = False  # the engine started it (reported so)
     finish: str = ""  # how the engine ended it, once reported ("revoked": taken back unstarted)
-    linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S))  # its bytes' joining; ends with it
+    linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S, carries_text))  # its bytes' joining
 
 
 class Worker:
