@@ -45,10 +45,10 @@ class Linger:
             self._waiter.set_result(None)
 
     async def until(self, when: float) -> None:
-        """Wait until the loop's clock reaches ``when``, or ``end()``."""
+        """Wait until the loop's clock reaches ``when``, or ``end()``; not at all before it opens."""
         loop = asyncio.get_running_loop()
         delay = when - loop.time()
-        if self.ended or delay <= 0:
+        if self.ended or not self.open or delay <= 0:
             return
         self._waiter = waiter = loop.create_future()
         timer = loop.call_later(delay, _wake, waiter)
@@ -147,8 +147,7 @@ async def call_asgi(
                 yield first
                 handed = _handed(linger, first, loop)
             while more:
-                held = linger if linger is not None and linger.open else None
-                piece, more = await _body_piece(queue, task, held, handed)
+                piece, more = await _body_piece(queue, task, linger, handed)
                 if piece:
                     yield piece
                     handed = _handed(linger, piece, loop)
