@@ -259,11 +259,15 @@ class PrefixIndex:
                 "host": sorted(c.host),
             }
             for wid, c in self._workers.items()
-        } | (
-            {"": {"shared": sorted(self._shared), "block_tokens": self.block_tokens}}
-            if self.block_tokens or self._shared
-            else {}
-        )
+        } | {
+            "": {
+                "shared": sorted(self._shared),
+                "block_tokens": self.block_tokens,
+                "used": self.used,  # a cleared index that was used still lets the locality slack look
+                "compared": self.compared,
+                "agreed": self.agreed,
+            }
+        }
 
     def restore(self, data: Mapping[str, Any]) -> None:
         self._workers, self._last, self._shared = {}, {}, set()
@@ -271,6 +275,8 @@ class PrefixIndex:
             if wid == "":  # the pool's own: the shared store, the stride (no worker is named "")
                 self._shared = {int(h) for h in row["shared"]}
                 self.block_tokens = int(row["block_tokens"])
+                self.used = self.used or bool(row.get("used", False))
+                self.compared, self.agreed = int(row.get("compared", 0)), int(row.get("agreed", 0))
                 continue
             cache = WorkerCache(int(row["pool_tokens"]))
             cache.capacity = float(row["capacity"])

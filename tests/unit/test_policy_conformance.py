@@ -565,9 +565,23 @@ def test_in_a_tree_with_classes_nothing_is_lost_books_balance_and_snapshots_agre
     balanced(d)
 
 
+# A draw that found a restore leaving state behind: the only cached blocks left with their worker, the
+# restored prefix index forgot it had ever been used, and the locality slack stopped looking there.
+_OWN = ("submit", 3, 194, 108, 11, 1)
+INDEX_EMPTIED_BY_A_LEAVE = (
+    [_OWN] * 32
+    + [("drain", "w0"), ("wait", 33.77687406100193), ("wait", 33.77687406100193), _OWN, ("submit", 3, 156, 96, 69, 0)]
+    + [_OWN] * 63
+    + [("submit", 1, 35, 160, 85, 0), _OWN, _OWN, ("cancel", 0), ("join", "w2"), ("drain", "w1"), _OWN, _OWN]
+    + [("assign",), ("step", "w2", 28690), ("submit", 1, 163, 33, 116, 0), _OWN, ("join", "w1"), ("leave", "w2")]
+    + [("race", 0)]
+)
+
+
 @pytest.mark.parametrize(("policy", "placement"), CASES)
 @EVENT_CASES
 @given(events, st.integers(0, 160))
+@example(INDEX_EMPTIED_BY_A_LEAVE, 114)
 def test_a_restored_snapshot_makes_the_same_decisions(policy, placement, trace, cut):
     d = Driver(policy, placement)
     twin = run_beside_a_restored_twin(d, trace, cut)
