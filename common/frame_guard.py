@@ -52,7 +52,7 @@ def hello_for(key: bytes, nonce: bytes) -> bytes:
 
 
 class FrameConnection(Protocol):
-    """What the gate needs of a connection (``common.frames.FrameConnection`` is one)."""
+    """What the gate needs of a connection (``fairgate.common.frames.FrameConnection`` is one)."""
 
     closed: bool
     limit: int

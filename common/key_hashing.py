@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from common.sections import MIN_SECRET_CHARS, ConfigError, secret_from_env
+from fairgate.common.sections import MIN_SECRET_CHARS, ConfigError, secret_from_env
 
 KEYED_PREFIX = "hk1:"  # a stored hash that is already keyed
 SECRET_ENV = "FAIRGATE_KEY_HASH_SECRET"

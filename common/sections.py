@@ -1,6 +1,6 @@
 """Validating configuration sections (pydantic) into typed, frozen objects, with errors of one line that
 name the field and the value; and the secrets they refer to. The shared floor: the gateway's schema
-(``gateway.config_schema``), the tenant entries (``common.tenant_schema``) and each engine plug-in's
+(``fairgate.gateway.config_schema``), the tenant entries (``fairgate.common.tenant_schema``) and each engine plug-in's
 settings are all checked this way."""
 
 from __future__ import annotations

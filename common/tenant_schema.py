@@ -1,15 +1,15 @@
 """What a tenant, a node of the tenant tree and a request class may be: one schema for the gateway's
 configuration, the workload specs and the admin API's checks (with the core's weight rule,
-``dispatcher.core.weights``)."""
+``fairgate.core.weights``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
+from fairgate.common.sections import Section
 from pydantic import Field
 
-from common.sections import Section
-from dispatcher.core.weights import MAX_WEIGHT
+from fairgate.core.weights import MAX_WEIGHT
 
 MAX_GROUP_CHARS = 64  # a cache group's name
 MIN_KEY_CHARS = 16  # an API key (tenants' and the admin's)

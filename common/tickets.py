@@ -18,7 +18,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 
 @dataclass(frozen=True, slots=True)

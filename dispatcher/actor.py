@@ -18,23 +18,23 @@ import time
 from typing import Any
 
 import ray
+from fairgate.common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
+from fairgate.common.key_hashing import KeyHasher
+from fairgate.common.loopback import bind_host, pool_port
+from fairgate.common.prefix_hashes import for_adapter, salted
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.dispatcher.adapter_calls import AdapterCalls
+from fairgate.dispatcher.adapter_registry import AdapterRegistry
+from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
+from fairgate.dispatcher.metrics import ServiceHistory
+from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
+from fairgate.dispatcher.service import DispatcherService, Rejected
+from fairgate.dispatcher.state_store import StateStore, open_store
+from fairgate.dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 
-from common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
-from common.key_hashing import KeyHasher
-from common.loopback import bind_host, pool_port
-from common.prefix_hashes import for_adapter, salted
-from common.rpc import fairgate_pb2 as pb
-from dispatcher.adapter_calls import AdapterCalls
-from dispatcher.adapter_registry import AdapterRegistry
-from dispatcher.admission_service import AdmissionServer, submit_args
-from dispatcher.core import REJECT_UNKNOWN_KEY, SchedulerConfig
-from dispatcher.core.classes import RequestClass
-from dispatcher.core.quotas import Prices, QuotaBook, QuotaRule
-from dispatcher.metrics import ServiceHistory
-from dispatcher.otlp_metrics import start_otlp_metrics
-from dispatcher.service import DispatcherService, Rejected
-from dispatcher.state_store import StateStore, open_store
-from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
+from fairgate.core import REJECT_UNKNOWN_KEY, SchedulerConfig
+from fairgate.core.classes import RequestClass
+from fairgate.core.quotas import Prices, QuotaBook, QuotaRule
 
 log = logging.getLogger(__name__)
 

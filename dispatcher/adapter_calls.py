@@ -8,10 +8,10 @@ import asyncio
 import logging
 from typing import Any
 
-from dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
-from dispatcher.service import DispatcherService
-from dispatcher.state_store import StateStore
-from dispatcher.tenant_registry import TenantError, TenantRegistry
+from fairgate.dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
+from fairgate.dispatcher.service import DispatcherService
+from fairgate.dispatcher.state_store import StateStore
+from fairgate.dispatcher.tenant_registry import TenantError, TenantRegistry
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dispatcher.tenant_registry import TenantError
+from fairgate.dispatcher.tenant_registry import TenantError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")  # as model names go: "acme/support-v2"
 MAX_PATH_CHARS = 4096

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common.frame_guard import ADMISSION_HOP, Guard, hop_key
-from common.frames import MessageConnection, listen
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.frame_guard import ADMISSION_HOP, Guard, hop_key
+from fairgate.common.frames import MessageConnection, listen
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
 

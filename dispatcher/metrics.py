@@ -14,7 +14,7 @@ import math
 from collections import deque
 from typing import Any
 
-from dispatcher.core.fairness import fair_share_jain, max_min_shares
+from fairgate.core.fairness import fair_share_jain, max_min_shares
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 OTHER = "other"

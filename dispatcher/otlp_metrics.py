@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
+from fairgate.dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 
 
 def start_otlp_metrics(

@@ -19,16 +19,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.rpc import fairgate_pb2_grpc as rpc
+from fairgate.common.tickets import (
+    WORKER_AUTH_HEADER,
+    NonceBook,
+    TicketFields,
+    check_worker_token,
+    sign,
+    ticket_message,
+)
+from fairgate.dispatcher.metrics import Histogram
 
-from common.rpc import fairgate_pb2 as pb
-from common.rpc import fairgate_pb2_grpc as rpc
-from common.tickets import WORKER_AUTH_HEADER, NonceBook, TicketFields, check_worker_token, sign, ticket_message
-from dispatcher.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
-from dispatcher.core.fairness import backlogged_gap
-from dispatcher.core.quotas import Prices, QuotaBook, Refusal
-from dispatcher.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
-from dispatcher.core.wait_prediction import ObjectiveMiss
-from dispatcher.metrics import Histogram
+from fairgate.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
+from fairgate.core.fairness import backlogged_gap
+from fairgate.core.quotas import Prices, QuotaBook, Refusal
+from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
+from fairgate.core.wait_prediction import ObjectiveMiss
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from common.tenant_schema import MAX_GROUP_CHARS
-from dispatcher.core import make_policy
-from dispatcher.core.classes import RequestClass, default_class
-from dispatcher.core.tree import TreeError, check_tree, parents_first
-from dispatcher.core.weights import weight_problem
+from fairgate.common.tenant_schema import MAX_GROUP_CHARS
+
+from fairgate.core import make_policy
+from fairgate.core.classes import RequestClass, default_class
+from fairgate.core.tree import TreeError, check_tree, parents_first
+from fairgate.core.weights import weight_problem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # the whole name (fullmatch: "$" lets "\n" end it)
 AUTO_TIERS = ("", "auto")  # what a client sends for "the key's default class"

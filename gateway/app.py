@@ -11,17 +11,16 @@ from typing import Any
 
 import httpx
 import ray
+from fairgate.common.frame_guard import frame_limit
+from fairgate.common.key_hashing import KeyHasher
+from fairgate.common.loopback import front_door, pool_port, ray_environment
+from fairgate.common.sections import checked_cluster_secret
+from fairgate.gateway.config_schema import GatewayConfig, WorkerSettings
+from fairgate.ingress.deployment import INGRESS_ACTOR_OPTIONS, Ingress
+from fairgate.workers.autoscaling import POLICY_PATH
+from fairgate.workers.deployment import WorkerReplica
+from fairgate.workers.engines import engine_for
 from ray import serve
-
-from common.frame_guard import frame_limit
-from common.key_hashing import KeyHasher
-from common.loopback import front_door, pool_port, ray_environment
-from common.sections import checked_cluster_secret
-from gateway.config_schema import GatewayConfig, WorkerSettings
-from ingress.deployment import INGRESS_ACTOR_OPTIONS, Ingress
-from workers.autoscaling import POLICY_PATH
-from workers.deployment import WorkerReplica
-from workers.engines import engine_for
 
 
 def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | None = None) -> serve.Application:
@@ -121,7 +120,7 @@ def start_local_ray(num_cpus: int | None = None) -> None:
         include_dashboard=False,
         namespace="fairgate",
         _node_ip_address="127.0.0.1",
-        runtime_env={"worker_process_setup_hook": "common.loopback.bind_serve_to_loopback"},
+        runtime_env={"worker_process_setup_hook": "fairgate.common.loopback.bind_serve_to_loopback"},
         logging_level="WARNING",
     )
 

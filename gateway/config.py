@@ -1,5 +1,5 @@
 """Loading the gateway's configuration: a YAML file (or the embedded ``default_config.yaml``) checked
-against the schema (``gateway.config_schema``), then the workers' engine settings checked by the engine's own
+against the schema (``fairgate.gateway.config_schema``), then the workers' engine settings checked by the engine's own
 plug-in. Everything that starts a gateway reads its configuration through here."""
 
 from __future__ import annotations
@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from common.sections import ConfigError, read_yaml
-from gateway.config_schema import GatewayConfig, WorkerSettings, check_adapters, validate
-from workers.engines import engine_for
+from fairgate.common.sections import ConfigError, read_yaml
+from fairgate.gateway.config_schema import GatewayConfig, WorkerSettings, check_adapters, validate
+from fairgate.workers.engines import engine_for
 
 
 def load_config(path: str | Path | None = None) -> tuple[GatewayConfig, dict[str, str]]:
     """Read a config (the embedded default when ``path`` is None). Returns the config and the API keys
     generated for tenants that had none (tenant -> key), to show once and never store."""
     if path is None:
-        raw = yaml.safe_load(resources.files("gateway").joinpath("default_config.yaml").read_text())
+        raw = yaml.safe_load(resources.files("fairgate.gateway").joinpath("default_config.yaml").read_text())
         return parse_config(raw, "default config")
     return parse_config(read_yaml(path), str(path))
 

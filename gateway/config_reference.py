@@ -1,7 +1,7 @@
-"""The configuration reference, written from the schema itself (``gateway.config_schema``, the tenant
+"""The configuration reference, written from the schema itself (``fairgate.gateway.config_schema``, the tenant
 schema and each engine plug-in's settings model): every key with its type, default, limits and meaning,
 so that the page (``docs/configuration.md``, filled in when the docs are built) cannot drift from what
-the gateway accepts. ``python -m gateway.config_reference`` prints it."""
+the gateway accepts. ``python -m fairgate.gateway.config_reference`` prints it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
-
-from common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
-from gateway.config_schema import (
+from fairgate.common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
+from fairgate.gateway.config_schema import (
     AutoscalingSettings,
     CostSettings,
     IngressSettings,
@@ -28,7 +24,10 @@ from gateway.config_schema import (
     TelemetrySettings,
     WorkerSettings,
 )
-from workers.engines import engine_for, engine_names
+from fairgate.workers.engines import engine_for, engine_names
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 # keys of the top level that are not scheduler settings: (key, type, what it holds)
 TOP_LEVEL = [

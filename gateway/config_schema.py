@@ -5,7 +5,7 @@ to a tenant; no header or body field a client sends can change who it is or how 
 
 Every process reads its own section of the same validated configuration (it travels through Ray as
 plain data, ``GatewayConfig.plain``). The workers' engine-specific settings are kept as given
-(``workers.settings``): each engine plug-in validates its own (``gateway.config`` does it at load
+(``workers.settings``): each engine plug-in validates its own (``fairgate.gateway.config`` does it at load
 time), so nothing here knows any engine. Errors name the field and the value: ``ConfigError``.
 The reference page of every key (``docs/configuration.md``) is generated from these models.
 """
@@ -16,11 +16,9 @@ import os
 import secrets
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from common.frame_guard import DEFAULT_MAX_BODY_BYTES
-from common.key_hashing import KeyHasher, key_digest
-from common.sections import (
+from fairgate.common.frame_guard import DEFAULT_MAX_BODY_BYTES
+from fairgate.common.key_hashing import KeyHasher, key_digest
+from fairgate.common.sections import (
     ConfigError,
     M,
     OpenSection,
@@ -29,10 +27,19 @@ from common.sections import (
     secret_from_env,
     validate_section,
 )
-from common.tenant_schema import MIN_KEY_CHARS, AdapterConfig, ClassConfig, NodeConfig, TenantConfig, TenantEntry
-from dispatcher.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
-from dispatcher.core.classes import RequestClass
-from dispatcher.core.tree import TreeError, check_tree
+from fairgate.common.tenant_schema import (
+    MIN_KEY_CHARS,
+    AdapterConfig,
+    ClassConfig,
+    NodeConfig,
+    TenantConfig,
+    TenantEntry,
+)
+from pydantic import Field, field_validator, model_validator
+
+from fairgate.core import SchedulerConfig, cost_from_spec, make_placement, make_policy
+from fairgate.core.classes import RequestClass
+from fairgate.core.tree import TreeError, check_tree
 
 ADMIN = "(admin)"  # where validate reports a generated admin key
 
@@ -491,7 +498,7 @@ def _tree(raw: Any) -> list[NodeConfig]:
 
 def adapter_models(models: tuple[ModelPool, ...] | list[ModelPool]) -> dict[str, bool]:
     """Each model's name, and whether its workers have adapter slots (``max_loras`` set)."""
-    from workers.engines import engine_for
+    from fairgate.workers.engines import engine_for
 
     return {m.name: engine_for(m.workers.engine).serves_adapters(m.workers.settings) for m in models}
 
@@ -499,8 +506,8 @@ def adapter_models(models: tuple[ModelPool, ...] | list[ModelPool]) -> dict[str,
 def check_adapters(config: GatewayConfig, where: str) -> None:
     """The adapters, checked by the registry the dispatcher keeps them in, once the engines' settings
     are checked (whether a pool has adapter slots is its engine's to say): one line naming what is wrong."""
-    from dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
-    from dispatcher.tenant_registry import TenantError
+    from fairgate.dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
+    from fairgate.dispatcher.tenant_registry import TenantError
 
     known = {n.name for n in config.tree} | {t.name for t in config.tenants}
     registry = AdapterRegistry([], adapter_models(config.models))

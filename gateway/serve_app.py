@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common.sections import ConfigError, secret_from_env
-from gateway.config import load_config
-from gateway.config_schema import ADMIN
+from fairgate.common.sections import ConfigError, secret_from_env
+from fairgate.gateway.config import load_config
+from fairgate.gateway.config_schema import ADMIN
 
 
 def build(args: dict[str, Any]):
-    from gateway.app import build_app
+    from fairgate.gateway.app import build_app
 
     path = args.get("config") or os.environ.get("FAIRGATE_CONFIG") or None
     config, generated = load_config(path)

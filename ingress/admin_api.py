@@ -7,8 +7,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from common.tenant_schema import MAX_GROUP_CHARS, MIN_KEY_CHARS
-from ingress.openai_api import ApiError
+from fairgate.common.tenant_schema import MAX_GROUP_CHARS, MIN_KEY_CHARS
+from fairgate.ingress.openai_api import ApiError
 
 
 @dataclass(frozen=True)

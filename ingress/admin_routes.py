@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fairgate.common.openai_errors import ApiError
+from fairgate.ingress.admin_api import TenantChange, adapter_change, node_change, tenant_change
 from fastapi import Request
-
-from common.openai_errors import ApiError
-from ingress.admin_api import TenantChange, adapter_change, node_change, tenant_change
 
 
 def _raise_error(result: dict[str, Any]) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from common.frame_guard import HandshakeRefused
-from common.frames import ConnectionLost, MessageConnection, connect
-from common.rpc import fairgate_pb2 as pb
-from dispatcher.admission_service import INTERNAL_ERROR, admission_key
+from fairgate.common.frame_guard import HandshakeRefused
+from fairgate.common.frames import ConnectionLost, MessageConnection, connect
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.dispatcher.admission_service import INTERNAL_ERROR, admission_key
 
 Abandoned = Callable[[pb.SubmitRequest], None]
 

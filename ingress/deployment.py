@@ -14,29 +14,29 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fairgate.common.key_hashing import KeyHasher
+from fairgate.common.openai_errors import ApiError, parse_body
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.tracing import RequestTrace, configure_tracing
+from fairgate.dispatcher.actor import get_or_create_dispatcher
+from fairgate.ingress.admin_routes import AdminRoutes
+from fairgate.ingress.admission_client import AdmissionClient, DispatcherUnavailable
+from fairgate.ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
+from fairgate.ingress.dispatcher_client import DispatcherClient
+from fairgate.ingress.errors import rejection_error
+from fairgate.ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
+from fairgate.ingress.http_app import ASGIApp, ByteRelay, build_http_app
+from fairgate.ingress.listener import DirectListener
+from fairgate.ingress.observability_routes import ObservabilityRoutes
+from fairgate.ingress.open_requests import OpenRequests, released_after
+from fairgate.ingress.openai_api import ChatFields, CompletionFields, parse_json
+from fairgate.ingress.pools import ModelPools, Served, not_found
+from fairgate.ingress.service_tier import echo_tier
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from ray import serve
 
-from common.key_hashing import KeyHasher
-from common.openai_errors import ApiError, parse_body
-from common.rpc import fairgate_pb2 as pb
-from common.tracing import RequestTrace, configure_tracing
-from dispatcher.actor import get_or_create_dispatcher
-from dispatcher.core.reasons import FINISH_REVOKED
-from ingress.admin_routes import AdminRoutes
-from ingress.admission_client import AdmissionClient, DispatcherUnavailable
-from ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
-from ingress.dispatcher_client import DispatcherClient
-from ingress.errors import rejection_error
-from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
-from ingress.http_app import ASGIApp, ByteRelay, build_http_app
-from ingress.listener import DirectListener
-from ingress.observability_routes import ObservabilityRoutes
-from ingress.open_requests import OpenRequests, released_after
-from ingress.openai_api import ChatFields, CompletionFields, parse_json
-from ingress.pools import ModelPools, Served, not_found
-from ingress.service_tier import echo_tier
+from fairgate.core.reasons import FINISH_REVOKED
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token

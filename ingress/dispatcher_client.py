@@ -9,9 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from fairgate.ingress.errors import rejection_error
 from ray.exceptions import RayActorError
-
-from ingress.errors import rejection_error
 
 
 class DispatcherClient:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from common.openai_errors import ApiError
-from dispatcher.core import reasons
+from fairgate.common.openai_errors import ApiError
+
+from fairgate.core import reasons
 
 RETRY_AFTER_S = 60
 BUSY_RETRY_AFTER_S = 5

@@ -13,9 +13,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-from common.frame_guard import DATA_PLANE_HOP, hop_key
-from common.frames import ConnectionLost, FrameConnection, connect
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.frame_guard import DATA_PLANE_HOP, hop_key
+from fairgate.common.frames import ConnectionLost, FrameConnection, connect
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 
 class WorkerLost(Exception):

@@ -13,10 +13,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+from fairgate.common.openai_errors import ApiError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
-from common.openai_errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class ByteRelay:
 
 
 class Routes(Protocol):
-    """What the ingress deployment answers (``ingress.deployment.Ingress``)."""
+    """What the ingress deployment answers (``fairgate.ingress.deployment.Ingress``)."""
 
     async def generation(self, request: Request, endpoint: str) -> ASGIApp: ...
 

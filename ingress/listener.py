@@ -26,8 +26,7 @@ import socket
 from typing import Any
 
 import uvicorn
-
-from ingress.http_app import GENERATION_ROUTES, ASGIApp
+from fairgate.ingress.http_app import GENERATION_ROUTES, ASGIApp
 
 log = logging.getLogger(__name__)
 

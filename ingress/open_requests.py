@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from common.openai_errors import ApiError
-from ingress.http_app import ASGIApp
+from fairgate.common.openai_errors import ApiError
+from fairgate.ingress.http_app import ASGIApp
 
 
 class OpenRequests:

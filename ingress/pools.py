@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.openai_errors import ApiError
-from ingress.prompting import Prompting
+from fairgate.common.openai_errors import ApiError
+from fairgate.ingress.prompting import Prompting
 
 ADAPTERS_FRESH_S = 2.0  # how long a tenant's adapter list is used before the dispatcher is asked again
 ADAPTERS_KEPT = 10_000  # tenants whose lists are kept (more: the oldest are dropped)

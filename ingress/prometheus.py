@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
+from fairgate.dispatcher.metrics import NODE_SERIES, OTHER, TENANT_SERIES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

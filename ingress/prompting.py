@@ -5,7 +5,7 @@ output budget (``max_tokens``, the default when absent, for every choice), and t
 The estimate only sizes the admission: the engine's exact count at start corrects the charge. A body
 the template cannot render (the engine's layer will refuse it with its own 400) is estimated from its
 text, so a malformed request never fails here with a 500. The same tokens give the prompt's block
-hashes (``common.prefix_hashes``): the dispatcher places and charges by cached prefix without text.
+hashes (``fairgate.common.prefix_hashes``): the dispatcher places and charges by cached prefix without text.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from common.openai_errors import ApiError
-from common.prefix_hashes import block_hashes, hash_block_tokens
-from ingress.openai_api import ChatFields, CompletionFields
-from workers.engines import engine_for
+from fairgate.common.openai_errors import ApiError
+from fairgate.common.prefix_hashes import block_hashes, hash_block_tokens
+from fairgate.ingress.openai_api import ChatFields, CompletionFields
+from fairgate.workers.engines import engine_for
 
 ROUGH_CHARS_PER_TOKEN = 3
 

@@ -30,8 +30,8 @@ import random
 import zlib
 from collections.abc import Mapping
 
-from loadgen.mooncake import DEFAULT_SHARES, MOONCAKE_BLOCK_TOKENS, salt
-from loadgen.workload import TraceRequest, Workload, WorkloadError
+from fairgate.loadgen.mooncake import DEFAULT_SHARES, MOONCAKE_BLOCK_TOKENS, salt
+from fairgate.loadgen.workload import TraceRequest, Workload, WorkloadError
 
 SESSIONS_PER_S = 1.8
 DURATION_S = 1_200.0

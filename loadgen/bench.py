@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 
-from dispatcher.core import FairScheduler, SchedulerConfig
+from fairgate.core import FairScheduler, SchedulerConfig
 
 QUEUED = 1_000
 

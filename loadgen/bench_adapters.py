@@ -3,7 +3,7 @@ prefer-loaded router, side by side on the same traffic (docs/results.md, "Adapte
 
 Each tenant brings one adapter (the VTC paper's setting: each client a LoRA adapter on one shared base
 model), their popularity Zipf-distributed, the pool overloaded. The simulated engines hold at most
-``max_loras`` adapters in a batch and on the GPU, and pay the loads (``workers.engines.simulated.adapters``).
+``max_loras`` adapters in a batch and on the GPU, and pay the loads (``fairgate.workers.engines.simulated.adapters``).
 Arms, each through the same core and engine model:
 
 - ``fairgate``: VTC with locality slack (``vtc-locality``) and the ``adapter-affinity`` placement, the
@@ -26,11 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
-from loadgen.metrics import quantile
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload import TraceRequest, Workload
-from workers.engines.simulated import AdapterSettings
+from fairgate.loadgen.metrics import quantile
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import TraceRequest, Workload
+from fairgate.workers.engines.simulated import AdapterSettings
 
 ARMS: dict[str, dict[str, Any]] = {
     "fairgate": {"policy": "vtc-locality", "placement": "adapter-affinity"},

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from loadgen.bench_reservation import service_row
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload import TraceRequest, Workload
+from fairgate.loadgen.bench_reservation import service_row
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import TraceRequest, Workload
 
 HEAVY, LIGHT = "heavy", "light"
 OUTSTANDING = {HEAVY: 32, LIGHT: 8}

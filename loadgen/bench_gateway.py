@@ -17,18 +17,19 @@ import statistics
 import time
 from typing import Any
 
-from common.rpc import fairgate_pb2 as pb
-from common.tickets import TicketFields, sign, ticket_message
-from common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
-from dispatcher.core import SchedulerConfig
-from dispatcher.metrics import ServiceHistory
-from dispatcher.service import DispatcherService
-from ingress.generation import Outcome, WorkerConnections, stream_bytes
-from ingress.prometheus import render_prometheus
-from workers.engines.interface import GenerationParams
-from workers.engines.simulated import SimulatedEngine, StepTimeModel
-from workers.engines.simulated.runner import SimulatedRunner
-from workers.worker import Worker
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.tickets import TicketFields, sign, ticket_message
+from fairgate.common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
+from fairgate.dispatcher.metrics import ServiceHistory
+from fairgate.dispatcher.service import DispatcherService
+from fairgate.ingress.generation import Outcome, WorkerConnections, stream_bytes
+from fairgate.ingress.prometheus import render_prometheus
+from fairgate.workers.engines.interface import GenerationParams
+from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.runner import SimulatedRunner
+from fairgate.workers.worker import Worker
+
+from fairgate.core import SchedulerConfig
 
 
 async def dispatcher_requests_per_second(
@@ -130,11 +131,10 @@ def tracing_cost_per_request(requests: int = 20_000) -> dict[str, float]:
 def first_token_overhead(samples: int) -> dict[str, float]:
     """Start a one-worker gateway on local Ray, then time first tokens both ways."""
     import ray
+    from fairgate.dispatcher.actor import dispatcher_name
+    from fairgate.gateway.app import run_app, start_local_ray
+    from fairgate.gateway.config import parse_config
     from ray import serve
-
-    from dispatcher.actor import dispatcher_name
-    from gateway.app import run_app, start_local_ray
-    from gateway.config import parse_config
 
     key = "fg-bench-" + secrets.token_hex(12)
     zero = {k: 0.0 for k in StepTimeModel.zero().to_dict()}

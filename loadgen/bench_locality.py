@@ -1,9 +1,9 @@
 """``fairgate bench locality``: cache-aware fair dispatch against prefix-blind VTC and an unfair
 prefix-affinity router, side by side, on engines with KV cache tiers (docs/architecture.md).
 
-Two traces: the Mooncake conversation trace (``loadgen.mooncake``: tenants derived from
+Two traces: the Mooncake conversation trace (``fairgate.loadgen.mooncake``: tenants derived from
 conversations, one heavy and three light, blocks salted per tenant) and generated agent sessions
-(``loadgen.agent_sessions``: a shape, stated there). Every arm replays the same requests on
+(``fairgate.loadgen.agent_sessions``: a shape, stated there). Every arm replays the same requests on
 ``replicas`` simulated GPU-class engines (``StepTimeModel.h200_llama3_8b``, 850,000-token pools,
 16-token KV blocks, prefix caches on, as vLLM's) and, except two reference arms, the same tiers
 below them (``Tiers``: host memory per engine, a store all of them share). Engines report their KV
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.mooncake import load_mooncake
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload import Workload
-from workers.engines.simulated.steptime import H200_LLAMA3_8B_KV_TOKENS, StepTimeModel
-from workers.engines.simulated.tiers import host_tier, shared_tier
+from fairgate.loadgen.mooncake import load_mooncake
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import Workload
+from fairgate.workers.engines.simulated.steptime import H200_LLAMA3_8B_KV_TOKENS, StepTimeModel
+from fairgate.workers.engines.simulated.tiers import host_tier, shared_tier
 
 DEFAULT_SLACKS = (10_000.0, 100_000.0, 1_000_000.0)
 
@@ -44,7 +44,7 @@ class Tiers:
     """The tiers below every engine's pool, in GiB of Llama-3-8B KV (0: none). The defaults model four
     engines of an 8-GPU H200 node with 2 TiB of DRAM: each offloads 128 GiB to host memory (vLLM's
     ``--kv-offloading-size 128``) and the four share a 512 GiB store (an LMCache server or Mooncake
-    store on the node), half of the node's DRAM in all (``workers.engines.simulated.tiers``)."""
+    store on the node), half of the node's DRAM in all (``fairgate.workers.engines.simulated.tiers``)."""
 
     host_gib: float = 128.0
     shared_gib: float = 512.0

@@ -5,9 +5,9 @@ completions) is driven at the engine served alone, and through the whole gateway
 -> ingress -> dispatcher -> worker, whose engine layer writes the bytes the ingress relays) to one
 worker with the same settings, once per front door asked for. The engine served alone is the engine
 plug-in's reference server: vLLM's own OpenAI server, or the simulated engine's own layer under
-uvicorn (``workers.engine_server``). Each gateway arm is ``fairgate serve`` as users start it, in a
+uvicorn (``fairgate.workers.engine_server``). Each gateway arm is ``fairgate serve`` as users start it, in a
 process (and Ray cluster) of its own, up beside the engine alone. The arms are measured in turn, the
-other one paused (``loadgen.pausing``), so each pass has the machine to itself and a round's passes
+other one paused (``fairgate.loadgen.pausing``), so each pass has the machine to itself and a round's passes
 are seconds apart. Each phase uses a client of its own (its connection pool sized for it). Figures per
 arm: output tokens/s and first-token latency (median, p99) at ``concurrency`` streams, first-token
 latency at light load (one stream), and short requests/s (one output token each, not streamed,
@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
-from loadgen.pausing import listening_process, paused
-from loadgen.serve_process import free_port, served_gateway
-from workers.engines import engine_for
+from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
+from fairgate.loadgen.pausing import listening_process, paused
+from fairgate.loadgen.serve_process import free_port, served_gateway
+from fairgate.workers.engines import engine_for
 
 # After an arm is continued, its timers catch up (Ray's health checks, metrics pushes) before it is measured.
 RESUME_SETTLE_S = 2.0
@@ -235,7 +234,7 @@ def bench_openai(
     the gateway first in odd ones. Every pass has the machine to itself, and a round's two passes are
     seconds apart: the machine's own drift (docs/speed.md) falls out of each round's ratio. Per arm
     the median of its rounds; per gateway arm the median of its rounds' ratios. With
-    ``config.engine_cpus``, both arms' processes are pinned before each pass (``loadgen.cpu_split``)."""
+    ``config.engine_cpus``, both arms' processes are pinned before each pass (``fairgate.loadgen.cpu_split``)."""
     runs: dict[str, list[ArmResult]] = {arm: [] for arm in ["alone", *front_doors]}
     pinned = (0, 0)
     ratios: dict[str, list[dict[str, float]]] = {door: [] for door in front_doors}

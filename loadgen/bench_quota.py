@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from loadgen.serve_process import free_port, served_gateway
+from fairgate.loadgen.serve_process import free_port, served_gateway
 
 MODEL = "fairgate-sim"
 PROMPT = "word " * 40  # 40 prompt tokens for the simulated tokenizer

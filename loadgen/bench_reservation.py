@@ -10,9 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
-from loadgen.simulator import SimulationConfig, simulate
-from loadgen.workload import TraceRequest, Workload
+from fairgate.loadgen.simulator import SimulationConfig, simulate
+from fairgate.loadgen.workload import TraceRequest, Workload
 
 GREEDY_MAX_TOKENS = 4000  # near the 4,096-token context of the paper's Llama-7B
 

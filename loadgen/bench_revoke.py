@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.metrics import quantile
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload import TraceRequest, Workload
-from loadgen.workloads import Phase, TenantSpec, generate
-from workers.engines.interface import StepReport
-from workers.engines.simulated import SimulatedEngine
+from fairgate.loadgen.metrics import quantile
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import TraceRequest, Workload
+from fairgate.loadgen.workloads import Phase, TenantSpec, generate
+from fairgate.workers.engines.interface import StepReport
+from fairgate.workers.engines.simulated import SimulatedEngine
 
 LIGHT = "light"
 FLOOD = "flood"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engines.interface import GenerationParams, StepReport
+from fairgate.workers.engines.interface import GenerationParams, StepReport
 
 PROMPT = "the tenant queue is served by the engine " * 8
 
@@ -57,8 +57,8 @@ class BenchResult:
 
 async def direct(config: VllmBenchConfig) -> BenchResult:
     """The offered load straight into the engine."""
-    from workers.engines.vllm.runner import VllmRunner
-    from workers.engines.vllm.settings import VllmSettings
+    from fairgate.workers.engines.vllm.runner import VllmRunner
+    from fairgate.workers.engines.vllm.settings import VllmSettings
 
     steps: list[tuple[float, int]] = []
 
@@ -95,11 +95,10 @@ async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc
     """The same load through the gateway to one vLLM worker."""
     import openai
     import ray
+    from fairgate.dispatcher.actor import dispatcher_name
+    from fairgate.gateway.app import build_app, start_local_ray
+    from fairgate.gateway.config import parse_config
     from ray import serve
-
-    from dispatcher.actor import dispatcher_name
-    from gateway.app import build_app, start_local_ray
-    from gateway.config import parse_config
 
     keys = {t: "fg-bench-" + secrets.token_hex(12) for t in config.split()}
     raw = {

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from loadgen.pausing import PROC, process_tree
+from fairgate.loadgen.pausing import PROC, process_tree
 
 MACHINE_CPUS = frozenset(os.sched_getaffinity(0))  # before this process pins itself to the host's share
 

@@ -12,8 +12,8 @@ import asyncio
 import random
 import time
 
-from loadgen.workload import Workload
-from workers.engines.interface import EngineRunner, GenerationParams
+from fairgate.loadgen.workload import Workload
+from fairgate.workers.engines.interface import EngineRunner, GenerationParams
 
 
 async def replay_into_runner(runner: EngineRunner, workload: Workload, vocabulary: range, seed: int = 0) -> float:

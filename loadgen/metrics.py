@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from dispatcher.core.costs import CostFunction, ProfiledCost
-from dispatcher.core.fairness import fair_share_jain, max_min_shares
+from fairgate.core.costs import CostFunction, ProfiledCost
+from fairgate.core.fairness import fair_share_jain, max_min_shares
 
 WINDOW_S = 60.0
 # The paper's profiled h is A10G engine milliseconds per request at full batch. Summed over what was

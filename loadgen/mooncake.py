@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from loadgen.workload import TraceRequest, Workload, WorkloadError
+from fairgate.loadgen.workload import TraceRequest, Workload, WorkloadError
 
 MOONCAKE_BLOCK_TOKENS = 512
 DEFAULT_SHARES = {"heavy": 0.55, "light-a": 0.15, "light-b": 0.15, "light-c": 0.15}

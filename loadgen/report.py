@@ -51,7 +51,7 @@ def write_report(out_dir: Path, runs: Sequence[dict[str, Any]], meta: dict[str, 
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m loadgen.report REPORT.json ...``: one table over the runs of several reports."""
+    """``python -m fairgate.loadgen.report REPORT.json ...``: one table over the runs of several reports."""
     runs = [run for path in argv for run in json.loads(Path(path).read_text())["runs"]]
     print(comparison_table(runs))
     return 0

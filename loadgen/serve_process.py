@@ -18,8 +18,7 @@ from typing import Any
 
 import httpx
 import yaml
-
-from common.loopback import FRONT_DOOR_ENV
+from fairgate.common.loopback import FRONT_DOOR_ENV
 
 # The environment this process started with: importing an engine's library changes the importer's (vLLM
 # sets LD_PRELOAD, thread and compiler settings), and each gateway starts as from a user's shell.

@@ -16,17 +16,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
+from fairgate.common.prefix_hashes import for_adapter
+from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
+from fairgate.loadgen.workload import TraceRequest, Workload
+from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.tiers import BlockTier, TierSettings
 from tqdm import tqdm
 
-from common.prefix_hashes import for_adapter
-from dispatcher.core import FairScheduler, SchedulerConfig, make_policy
-from dispatcher.core.classes import default_class, leaf_name
-from dispatcher.core.costs import CostFunction, LinearCost
-from dispatcher.core.reasons import FINISH_REVOKED
-from loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
-from loadgen.workload import TraceRequest, Workload
-from workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
-from workers.engines.simulated.tiers import BlockTier, TierSettings
+from fairgate.core import FairScheduler, SchedulerConfig, make_policy
+from fairgate.core.classes import default_class, leaf_name
+from fairgate.core.costs import CostFunction, LinearCost
+from fairgate.core.reasons import FINISH_REVOKED
 
 DEFAULT_KV_TOKENS = 10_000
 FRONTS = ("fairgate", "round-robin")
@@ -61,7 +61,7 @@ class SimulationConfig:
     host_tier: TierSettings | None = None  # each engine's host-memory KV tier (None: the pool only)
     shared_tier: TierSettings | None = None  # a KV store every engine shares (None: none)
     kv_events: bool = True  # engines report their KV cache events to a dispatcher that sees prefixes
-    revoke: bool = False  # take back unstarted requests of over-served tenants (dispatcher.core.revocation)
+    revoke: bool = False  # take back unstarted requests of over-served tenants (fairgate.core.revocation)
     adapters: AdapterSettings | None = None  # the engines' LoRA adapter slots and load figures (None: none)
     sees_adapters: bool = True  # the dispatcher knows each engine's adapter slots (False: adapter-blind)
 

@@ -47,7 +47,7 @@ def load_trace_csv(path: str | Path) -> tuple[list[Row], float]:
 def synthesize_arena_trace(seed: int) -> tuple[list[Row], float]:
     """A trace with the arena trace's per-client counts, active windows and log-normal length fits;
     Poisson arrivals within each client's window."""
-    stats = json.loads(resources.files("loadgen").joinpath("data/arena_trace_stats.json").read_text())
+    stats = json.loads(resources.files("fairgate.loadgen").joinpath("data/arena_trace_stats.json").read_text())
     rng = np.random.default_rng(seed)
     max_p, max_o = stats["max_prompt_tokens"], stats["max_output_tokens"]
     rows: list[Row] = []

@@ -1,13 +1,13 @@
 """A workload: a list of requests (tenant, arrival time, prompt and output length) with the tenants'
 weights, tree and classes. The simulator, ``fairgate loadgen`` and the benches replay the same lists;
-``loadgen.workloads`` makes the paper's, ``loadgen.workload_spec`` reads them from names and files,
-``loadgen.mooncake`` from the Mooncake trace."""
+``fairgate.loadgen.workloads`` makes the paper's, ``fairgate.loadgen.workload_spec`` reads them from names and files,
+``fairgate.loadgen.mooncake`` from the Mooncake trace."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dispatcher.core.classes import RequestClass, default_class, leaf_name
+from fairgate.core.classes import RequestClass, default_class, leaf_name
 
 
 class WorkloadError(ValueError):

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from loadgen.trace import load_trace_csv, synthesize_arena_trace
-from loadgen.workload import TraceRequest, Workload, WorkloadError
+from fairgate.loadgen.trace import load_trace_csv, synthesize_arena_trace
+from fairgate.loadgen.workload import TraceRequest, Workload, WorkloadError
 
 
 @dataclass(frozen=True)

@@ -23,4 +23,4 @@ for w in overload proportional on_off_less on_off_overload poisson_short_long po
   dist_shift overload_multi overload_weighted ablation real overload-x4; do
   reports+=("$out/$w/report.json")
 done
-.venv/bin/python -m loadgen.report "${reports[@]}" | tee "$out/table.txt"
+.venv/bin/python -m fairgate.loadgen.report "${reports[@]}" | tee "$out/table.txt"

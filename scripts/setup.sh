@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 stamp=".venv/.fairgate-install-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/_}"
-if [ -f "$stamp" ] && .venv/bin/python -c "import fairgate, dispatcher, workers, loadgen" 2>/dev/null; then
+if [ -f "$stamp" ] && .venv/bin/python -c "import fairgate.dispatcher, fairgate.workers, fairgate.loadgen" 2>/dev/null; then
   exit 0
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null

@@ -14,7 +14,7 @@ from contextvars import Context
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engines.interface import ASGIApp
+from fairgate.workers.engines.interface import ASGIApp
 
 _END = object()
 

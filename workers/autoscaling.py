@@ -14,11 +14,11 @@ import time
 import weakref
 from typing import Any
 
-from dispatcher.core import Demand, ReplicaCapacity, desired_replicas
+from fairgate.core import Demand, ReplicaCapacity, desired_replicas
 
 log = logging.getLogger(__name__)
 
-POLICY_PATH = "workers.autoscaling:DispatcherDemandPolicy"
+POLICY_PATH = "fairgate.workers.autoscaling:DispatcherDemandPolicy"
 STALE_AFTER_S = 10.0
 
 
@@ -62,8 +62,7 @@ def _poll(
     app: str, model: str | None, interval_s: float, stop: threading.Event, latest: list[tuple[float, Demand]]
 ) -> None:
     import ray
-
-    from dispatcher.actor import dispatcher_name
+    from fairgate.dispatcher.actor import dispatcher_name
 
     actor = None
     while not stop.is_set():

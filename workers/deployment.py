@@ -8,14 +8,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fairgate.common.loopback import bind_host
+from fairgate.common.tracing import configure_tracing, finished_spans
+from fairgate.dispatcher.actor import find_dispatcher
+from fairgate.workers.engines import engine_for
+from fairgate.workers.worker import Worker
 from ray import serve
 from ray.exceptions import RayActorError
-
-from common.loopback import bind_host
-from common.tracing import configure_tracing, finished_spans
-from dispatcher.actor import find_dispatcher
-from workers.engines import engine_for
-from workers.worker import Worker
 
 
 @serve.deployment(

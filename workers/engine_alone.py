@@ -1,4 +1,4 @@
-"""Starting an engine's own OpenAI layer alone (``workers.engine_server``) as a process of its own, for
+"""Starting an engine's own OpenAI layer alone (``fairgate.workers.engine_server``) as a process of its own, for
 as long as a block runs: the reference ``fairgate bench openai`` compares the gateway with. Kept apart
 from the server itself, which looks the engine up by name, so that the engine interface can start it
 without importing the registry it is part of."""
@@ -24,7 +24,7 @@ def engine_alone(engine: str, settings: dict, model: str, port: int, log: Path |
     args = ["--engine", engine, "--settings", json.dumps(settings), "--model", model, "--port", str(port)]
     out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.engine_server", *args],
+        [sys.executable, "-m", "fairgate.workers.engine_server", *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         process_group=0,  # not a session of its own: see reference_server.py (autogroup)

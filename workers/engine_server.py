@@ -2,7 +2,7 @@
 fairgate worker serves, measured alone (``fairgate bench openai`` compares the gateway with it; an
 engine with a server of its own, like vLLM, is compared with that instead: ``EnginePlugin.reference_server``).
 
-``python -m workers.engine_server --engine simulated --settings '{...}' --model NAME --port PORT``
+``python -m fairgate.workers.engine_server --engine simulated --settings '{...}' --model NAME --port PORT``
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import json
 from typing import Any
 
 import uvicorn
+from fairgate.workers.engines import engine_for
 from starlette.responses import Response
-
-from workers.engines import engine_for
 
 
 async def engine_app(engine: str, settings: dict, model: str) -> tuple[Any, Any]:

@@ -15,9 +15,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from common.frame_guard import Guard
-from common.frames import ConnectionLost, MessageConnection, listen
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.frame_guard import Guard
+from fairgate.common.frames import ConnectionLost, MessageConnection, listen
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from common.rpc import fairgate_pb2 as common_dot_rpc_dot_fairgate__pb2
+from fairgate.common.rpc import fairgate_pb2 as fairgate_dot_common_dot_rpc_dot_fairgate__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in common/rpc/fairgate_pb2_grpc.py depends on'
+        + ' but the generated code in fairgate/common/rpc/fairgate_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class DispatcherStub:
         """
         self.Connect = channel.stream_stream(
                 '/fairgate.v1.Dispatcher/Connect',
-                request_serializer=common_dot_rpc_dot_fairgate__pb2.WorkerMessage.SerializeToString,
-                response_deserializer=common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.FromString,
+                request_serializer=fairgate_dot_common_dot_rpc_dot_fairgate__pb2.WorkerMessage.SerializeToString,
+                response_deserializer=fairgate_dot_common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=common_dot_rpc_dot_fairgate__pb2.WorkerMessage.FromString,
-                    response_serializer=common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.SerializeToString,
+                    request_deserializer=fairgate_dot_common_dot_rpc_dot_fairgate__pb2.WorkerMessage.FromString,
+                    response_serializer=fairgate_dot_common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class Dispatcher:
             request_iterator,
             target,
             '/fairgate.v1.Dispatcher/Connect',
-            common_dot_rpc_dot_fairgate__pb2.WorkerMessage.SerializeToString,
-            common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.FromString,
+            fairgate_dot_common_dot_rpc_dot_fairgate__pb2.WorkerMessage.SerializeToString,
+            fairgate_dot_common_dot_rpc_dot_fairgate__pb2.DispatcherMessage.FromString,
             options,
             channel_credentials,
             insecure,

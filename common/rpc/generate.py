@@ -1,4 +1,4 @@
-"""Generate the Python gRPC stubs from ``proto/`` (run ``python -m common.rpc.generate``).
+"""Generate the Python gRPC stubs from ``proto/`` (run ``python -m fairgate.common.rpc.generate``).
 
 The stubs are committed so an install needs no code generation; ``tests/unit/test_rpc_stubs.py`` regenerates
 them into a temporary folder and fails when the committed ones differ.
@@ -12,12 +12,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = REPO / "proto"
-PROTO_FILES = ["common/rpc/fairgate.proto"]
+PROTO_FILES = ["fairgate/common/rpc/fairgate.proto"]  # its path is the stubs' import path (fairgate.common.rpc)
 GENERATED = ["fairgate_pb2.py", "fairgate_pb2.pyi", "fairgate_pb2_grpc.py"]
 
 
 def generate(out_root: Path) -> list[Path]:
-    """Write the stubs under ``out_root`` (which mirrors the repository root); return their paths."""
+    """Write the stubs under ``out_root`` (in the folders of their import path); return their paths."""
     from grpc_tools import protoc
 
     args = [
@@ -30,7 +30,7 @@ def generate(out_root: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError("protoc failed: " + " ".join(args))
-    return [out_root / "common" / "rpc" / name for name in GENERATED]
+    return [out_root / "fairgate" / "common" / "rpc" / name for name in GENERATED]
 
 
 def stale_files() -> list[str]:
@@ -42,6 +42,9 @@ def stale_files() -> list[str]:
 
 
 if __name__ == "__main__":
-    written = generate(REPO)
-    print("\n".join(str(p.relative_to(REPO)) for p in written))
+    here = REPO / "common" / "rpc"
+    with tempfile.TemporaryDirectory() as tmp:
+        for fresh in generate(Path(tmp)):
+            (here / fresh.name).write_text(fresh.read_text())
+            print((here / fresh.name).relative_to(REPO))
     sys.exit(0)

@@ -11,7 +11,7 @@ from fairgate.cli.parsing import UsageError, check_policies, positive_ints
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from fairgate.cli.parsing import Parser
-    from workers.engines import engine_names
+    from fairgate.workers.engines import engine_names
 
     bench = sub.add_parser("bench", help="benchmarks")
     targets = bench.add_subparsers(dest="target", required=True, parser_class=Parser)
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _reservation(args: argparse.Namespace) -> int:
-    from loadgen.bench_reservation import GREEDY_MAX_TOKENS, bench_reservation
+    from fairgate.loadgen.bench_reservation import GREEDY_MAX_TOKENS, bench_reservation
 
     if args.seconds <= 0:
         raise UsageError("--seconds must be positive")
@@ -176,7 +176,7 @@ def _flood(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_flood import ARMS, LIGHT, OUTSTANDING, bench_flood, ratio_to_round_robin
+    from fairgate.loadgen.bench_flood import ARMS, LIGHT, OUTSTANDING, bench_flood, ratio_to_round_robin
 
     if args.seconds <= 0:
         raise UsageError("--seconds must be positive")
@@ -209,9 +209,9 @@ def _locality(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.agent_sessions import agent_sessions
-    from loadgen.bench_locality import Tiers, bench_locality, bench_workload
-    from loadgen.datasets import MOONCAKE_TRACE
+    from fairgate.loadgen.agent_sessions import agent_sessions
+    from fairgate.loadgen.bench_locality import Tiers, bench_locality, bench_workload
+    from fairgate.loadgen.datasets import MOONCAKE_TRACE
 
     trace = Path(args.trace) if args.trace else MOONCAKE_TRACE
     if not trace.is_file():
@@ -240,7 +240,7 @@ def _locality(args: argparse.Namespace) -> int:
 
 
 def _print_locality(r: dict[str, Any], title: str) -> None:
-    from loadgen.bench_locality import BASELINE, CEILING
+    from fairgate.loadgen.bench_locality import BASELINE, CEILING
 
     print(
         f"{title}, {r['requests']:,} requests at {r['time_scale']:g}x speed, {r['replicas']} simulated H200 / "
@@ -281,7 +281,7 @@ def _tree(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_tree import bench_tree, format_tree
+    from fairgate.loadgen.bench_tree import bench_tree, format_tree
 
     if args.seconds < 60 or args.replicas < 1:
         raise UsageError("--seconds must be at least 60 and --replicas at least 1")
@@ -300,7 +300,7 @@ def _slo(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_slo import ARMS, WARMUP_S, bench_slo, format_slo
+    from fairgate.loadgen.bench_slo import ARMS, WARMUP_S, bench_slo, format_slo
 
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
@@ -318,7 +318,7 @@ def _revoke(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_revoke import RevokeBenchConfig, bench_revoke, format_revoke
+    from fairgate.loadgen.bench_revoke import RevokeBenchConfig, bench_revoke, format_revoke
 
     seeds = positive_ints(args.seeds, "--seeds")
     if args.seconds <= 0 or args.max_running < 1 or args.kv_tokens < 1024:
@@ -337,7 +337,7 @@ def _adapters(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_adapters import AdaptersBenchConfig, bench_adapters, format_adapters
+    from fairgate.loadgen.bench_adapters import AdaptersBenchConfig, bench_adapters, format_adapters
 
     if args.seconds <= 0 or args.rate <= 0 or args.adapters < 10 or args.max_loras < 1 or args.zipf < 0:
         raise UsageError("--seconds and --rate must be positive, --adapters at least 10, --max-loras at least 1")
@@ -364,7 +364,7 @@ def _quota(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.bench_quota import BenchQuotaConfig, bench_quota, format_quota
+    from fairgate.loadgen.bench_quota import BenchQuotaConfig, bench_quota, format_quota
 
     if args.clients < 1:
         raise UsageError("--clients must be at least 1")
@@ -376,7 +376,7 @@ def _quota(args: argparse.Namespace) -> int:
 
 
 def _core(args: argparse.Namespace) -> int:
-    from loadgen.bench import PREFIX_BLOCKS, bench_core, bench_prefix_index, bench_tree, idle_leaf_bytes
+    from fairgate.loadgen.bench import PREFIX_BLOCKS, bench_core, bench_prefix_index, bench_tree, idle_leaf_bytes
 
     counts = positive_ints(args.tenants, "--tenants")
     if args.decisions < 1:
@@ -409,10 +409,10 @@ def _core(args: argparse.Namespace) -> int:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from common.loopback import ray_environment
+    from fairgate.common.loopback import ray_environment
 
     ray_environment()  # before anything imports Ray: it reads these at import time
-    from loadgen.bench_gateway import first_token_overhead, telemetry_overhead, tracing_cost_per_request
+    from fairgate.loadgen.bench_gateway import first_token_overhead, telemetry_overhead, tracing_cost_per_request
 
     if args.requests < 1 or args.samples < 2:
         raise UsageError("--requests must be >= 1 and --samples >= 2")
@@ -440,8 +440,8 @@ def _gateway(args: argparse.Namespace) -> int:
 def _openai(args: argparse.Namespace) -> int:
     import json
 
-    from common.loopback import FRONT_DOORS
-    from loadgen.bench_openai import OpenAIBenchConfig, bench_openai
+    from fairgate.common.loopback import FRONT_DOORS
+    from fairgate.loadgen.bench_openai import OpenAIBenchConfig, bench_openai
 
     if min(args.concurrency, args.requests, args.short_requests, args.max_tokens, args.max_num_seqs) < 1:
         raise UsageError("--concurrency, --requests, --short-requests, --max-tokens, --max-num-seqs must be positive")
@@ -450,7 +450,7 @@ def _openai(args: argparse.Namespace) -> int:
     doors = [d.strip() for d in args.front_doors.split(",") if d.strip()]
     if not doors or any(d not in FRONT_DOORS for d in doors):
         raise UsageError(f"--front-doors: a list of {', '.join(FRONT_DOORS)}")
-    from workers.engines import engine_for
+    from fairgate.workers.engines import engine_for
 
     plugin = engine_for(args.engine)
     options = {"model": args.model, "kv_tokens": args.kv_tokens, "max_num_seqs": args.max_num_seqs}
@@ -460,7 +460,7 @@ def _openai(args: argparse.Namespace) -> int:
     config.concurrency, config.requests, config.max_tokens = args.concurrency, args.requests, args.max_tokens
     config.short_requests, config.prompt_words = args.short_requests, max(0, args.prompt_words)
     if args.engine_cpus:
-        from loadgen.cpu_split import parse_cpus
+        from fairgate.loadgen.cpu_split import parse_cpus
 
         if not plugin.engine_process_titles:
             raise UsageError(
@@ -515,10 +515,10 @@ def _openai(args: argparse.Namespace) -> int:
 
 
 def _vllm(args: argparse.Namespace) -> int:
-    from common.loopback import ray_environment
+    from fairgate.common.loopback import ray_environment
 
     ray_environment()
-    from loadgen.bench_vllm import VllmBenchConfig, run_bench
+    from fairgate.loadgen.bench_vllm import VllmBenchConfig, run_bench
 
     if min(args.kv_tokens, args.max_num_seqs, args.clients, args.max_tokens) < 1 or args.seconds <= 0:
         raise UsageError("--kv-tokens, --max-num-seqs, --clients, --max-tokens and --seconds must be positive")
@@ -558,10 +558,10 @@ def _peers(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from loadgen.peers.bench import PeersBenchConfig, bench_peers
-    from loadgen.peers.report import format_peers, plot_peers
-    from loadgen.peers.routers import PEERS
-    from loadgen.peers.workloads import NAMES
+    from fairgate.loadgen.peers.bench import PeersBenchConfig, bench_peers
+    from fairgate.loadgen.peers.report import format_peers, plot_peers
+    from fairgate.loadgen.peers.routers import PEERS
+    from fairgate.loadgen.peers.workloads import NAMES
 
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
@@ -578,7 +578,7 @@ def _peers(args: argparse.Namespace) -> int:
         args.engine, args.engines, args.seconds, args.rounds, workloads, peers, controls=args.controls
     )
     if args.engine != PeersBenchConfig.engine:  # another engine than the default's: its benchmark settings
-        from workers.engines import engine_for
+        from fairgate.workers.engines import engine_for
 
         options = {"model": args.model, "kv_tokens": args.kv_tokens, "dtype": args.dtype, "cpu_threads": 1}
         config.settings, config.model = engine_for(args.engine).benchmark_settings(options)

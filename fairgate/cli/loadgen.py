@@ -32,11 +32,11 @@ def run(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from loadgen.plots import plot_workload
-    from loadgen.replay import ReplayConfig, replay
-    from loadgen.report import comparison_table, write_report
-    from loadgen.workload import WorkloadError
-    from loadgen.workload_spec import load_workloads
+    from fairgate.loadgen.plots import plot_workload
+    from fairgate.loadgen.replay import ReplayConfig, replay
+    from fairgate.loadgen.report import comparison_table, write_report
+    from fairgate.loadgen.workload import WorkloadError
+    from fairgate.loadgen.workload_spec import load_workloads
 
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dispatcher.core import make_policy
+from fairgate.core import make_policy
 
 
 class UsageError(Exception):

@@ -25,9 +25,9 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import json
 
-    from workers.engines.vllm.profiler import profile
-    from workers.engines.vllm.runner import VllmRunner
-    from workers.engines.vllm.settings import VllmSettings
+    from fairgate.workers.engines.vllm.profiler import profile
+    from fairgate.workers.engines.vllm.runner import VllmRunner
+    from fairgate.workers.engines.vllm.settings import VllmSettings
 
     inputs = positive_ints(args.inputs, "--inputs")
     outputs = positive_ints(args.outputs, "--outputs")

@@ -11,15 +11,15 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.core import make_policy, policy_usages
 from fairgate.cli.parsing import UsageError
+from fairgate.core import make_policy, policy_usages
 
 if TYPE_CHECKING:
-    from gateway.config_schema import GatewayConfig
+    from fairgate.gateway.config_schema import GatewayConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from workers.engines import engine_names
+    from fairgate.workers.engines import engine_names
 
     srv = sub.add_parser("serve", help="start the gateway on this machine (local Ray, simulated workers)")
     srv.add_argument("--config", help="gateway YAML (default: the embedded configuration)")
@@ -43,12 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from common.loopback import FRONT_DOOR_ENV, ray_environment
+    from fairgate.common.loopback import FRONT_DOOR_ENV, ray_environment
 
     if args.front_door:
         os.environ[FRONT_DOOR_ENV] = args.front_door
     ray_environment()  # before anything imports Ray: it reads these at import time
-    from common.sections import ConfigError
+    from fairgate.common.sections import ConfigError
 
     if not 1 <= args.port <= 65535:
         raise UsageError("--port must be between 1 and 65535")
@@ -71,10 +71,10 @@ class ServeOverrides:
 
 
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
-    from common.key_hashing import SECRET_ENV as KEY_HASH_SECRET_ENV
-    from common.sections import ConfigError, checked_cluster_secret, secret_from_env
-    from gateway.config import load_config
-    from gateway.config_schema import ADMIN
+    from fairgate.common.key_hashing import SECRET_ENV as KEY_HASH_SECRET_ENV
+    from fairgate.common.sections import ConfigError, checked_cluster_secret, secret_from_env
+    from fairgate.gateway.config import load_config
+    from fairgate.gateway.config_schema import ADMIN
 
     config, generated_keys = load_config(config_path)
     config = _override(config, overrides)
@@ -88,13 +88,13 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
 
     from ray import serve
 
-    from dispatcher.actor import dispatcher_name
-    from gateway.app import run_app, start_local_ray
+    from fairgate.dispatcher.actor import dispatcher_name
+    from fairgate.gateway.app import run_app, start_local_ray
 
     start_local_ray()
     config = _place_on_gpus(config)
     url = run_app("fairgate", config, secret, port)
-    from common.loopback import front_door
+    from fairgate.common.loopback import front_door
 
     pools = ", ".join(f"{m.name!r} ({m.workers.count} {m.workers.engine} workers)" for m in config.models)
     print(f"fairgate is serving {pools} at {url}/v1 (policy {config.scheduler['policy']}, front door {front_door()})")
@@ -117,9 +117,9 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
 
 
 def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
-    from common.sections import ConfigError
-    from gateway.config import with_engine
-    from workers.engines import engine_for, engine_names
+    from fairgate.common.sections import ConfigError
+    from fairgate.gateway.config import with_engine
+    from fairgate.workers.engines import engine_for, engine_names
 
     changes: dict[str, Any] = {}
     workers = config.workers
@@ -161,7 +161,7 @@ def _place_on_gpus(config: GatewayConfig) -> GatewayConfig:
     configuration says otherwise."""
     import ray
 
-    from workers.engines import engine_for
+    from fairgate.workers.engines import engine_for
 
     if not ray.cluster_resources().get("GPU", 0):
         return config

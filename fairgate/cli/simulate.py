@@ -7,11 +7,11 @@ import argparse
 import time
 from pathlib import Path
 
-from dispatcher.core import LinearCost, ProfiledCost, fit_profiled_cost, placement_names, policy_usages
-from dispatcher.core.costs import CostFunction
 from fairgate.cli.parsing import UsageError, check_policies, read_profile
-from workers.engines.simulated.model import PREEMPT_BY
-from workers.engines.simulated.settings import STEP_PRESETS
+from fairgate.core import LinearCost, ProfiledCost, fit_profiled_cost, placement_names, policy_usages
+from fairgate.core.costs import CostFunction
+from fairgate.workers.engines.simulated.model import PREEMPT_BY
+from fairgate.workers.engines.simulated.settings import STEP_PRESETS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -56,12 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loadgen.plots import plot_workload
-    from loadgen.report import comparison_table, write_report
-    from loadgen.simulator import SimulationConfig, simulate
-    from loadgen.workload import WorkloadError
-    from loadgen.workload_spec import load_workloads
-    from workers.engines.simulated import StepTimeModel
+    from fairgate.loadgen.plots import plot_workload
+    from fairgate.loadgen.report import comparison_table, write_report
+    from fairgate.loadgen.simulator import SimulationConfig, simulate
+    from fairgate.loadgen.workload import WorkloadError
+    from fairgate.loadgen.workload_spec import load_workloads
+    from fairgate.workers.engines.simulated import StepTimeModel
 
     policies = check_policies(args.policy or ["vtc", "fcfs"])
     if args.placement not in placement_names():

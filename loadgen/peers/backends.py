@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from loadgen.pausing import listening_process
-from loadgen.serve_process import free_port
-from workers.engines import engine_for
+from fairgate.loadgen.pausing import listening_process
+from fairgate.loadgen.serve_process import free_port
+from fairgate.workers.engines import engine_for
 
 GAUGE = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\d+(?:\.\d+)?)$", re.M)
 

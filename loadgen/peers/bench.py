@@ -1,12 +1,12 @@
-"""``fairgate bench peers``: fairgate and the peers (``loadgen.peers.routers``) on the same engines and
+"""``fairgate bench peers``: fairgate and the peers (``fairgate.loadgen.peers.routers``) on the same engines and
 the same traffic.
 
 The peers share ``engines`` simulated engines, each behind its own OpenAI server; fairgate runs its own
 workers with the same engine settings. Per workload every arm is up at once (two instances of each
 where the workload spreads its tenants over two). Each round measures every arm in turn with every
-other arm paused (``loadgen.pausing``; the machine drifts, docs/speed.md), in the opposite order in odd
+other arm paused (``fairgate.loadgen.pausing``; the machine drifts, docs/speed.md), in the opposite order in odd
 rounds: first the light load (one stream at a time; also to one engine alone, for the added first-token
-time), then the workload replayed (``loadgen.replay``, each pass with prompt text of its own so that no
+time), then the workload replayed (``fairgate.loadgen.replay``, each pass with prompt text of its own so that no
 cache outlives a pass), then, for the peers, until the shared engines are idle. Figures per arm are the
 medians of its rounds. The bound is fairgate's for this pool (``bound``): 2U of the KV its engines may
 hold in flight, plus its engines' queues.
@@ -25,17 +25,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatcher.core import LinearCost, engine_queue_slack, two_u
-from dispatcher.core.fairness import in_flight_reach
-from loadgen.bench_openai import PROMPT, OpenAIBenchConfig, bench_client, chat_body, closed_loops, stream_one
-from loadgen.pausing import paused
-from loadgen.peers.backends import Backends, shared_backends
-from loadgen.peers.prompts import prompt_builder
-from loadgen.peers.routers import PEERS, peer_instance
-from loadgen.peers.workloads import NAMES, PeerWorkload, peer_workload
-from loadgen.replay import ReplayConfig, replay
-from loadgen.serve_process import free_port, served_gateway
-from workers.engines import engine_for
+from fairgate.loadgen.bench_openai import PROMPT, OpenAIBenchConfig, bench_client, chat_body, closed_loops, stream_one
+from fairgate.loadgen.pausing import paused
+from fairgate.loadgen.peers.backends import Backends, shared_backends
+from fairgate.loadgen.peers.prompts import prompt_builder
+from fairgate.loadgen.peers.routers import PEERS, peer_instance
+from fairgate.loadgen.peers.workloads import NAMES, PeerWorkload, peer_workload
+from fairgate.loadgen.replay import ReplayConfig, replay
+from fairgate.loadgen.serve_process import free_port, served_gateway
+from fairgate.workers.engines import engine_for
+
+from fairgate.core import LinearCost, engine_queue_slack, two_u
+from fairgate.core.fairness import in_flight_reach
 
 FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm (every
 # fairgate arm's name starts with it, no peer's does)

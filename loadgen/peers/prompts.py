@@ -12,8 +12,8 @@ import random
 import zlib
 from collections.abc import Callable
 
-from loadgen.workload import TraceRequest
-from workers.engines.simulated.tokenizer import VOCABULARY
+from fairgate.loadgen.workload import TraceRequest
+from fairgate.workers.engines.simulated.tokenizer import VOCABULARY
 
 
 def words(seed: int, n: int) -> str:

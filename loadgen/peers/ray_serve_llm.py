@@ -8,7 +8,7 @@ choices. Here the engines are the bench's shared servers, so each replica stands
 its rank) and relays the request to it; the ingress and the router are Serve's and Ray Serve LLM's own,
 with its defaults.
 
-``python -m loadgen.peers.ray_serve_llm --port PORT --backends URL [URL ...]``
+``python -m fairgate.loadgen.peers.ray_serve_llm --port PORT --backends URL [URL ...]``
 """
 
 from __future__ import annotations
@@ -116,9 +116,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backends", nargs="+", required=True, help="each engine's server, without /v1")
     args = parser.parse_args()
+    from fairgate.gateway.app import start_local_ray
     from ray import serve
-
-    from gateway.app import start_local_ray
 
     start_local_ray()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})

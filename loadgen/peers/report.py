@@ -9,8 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-
-from loadgen.peers.bench import FAIRGATE
+from fairgate.loadgen.peers.bench import FAIRGATE
 
 TENANT_COLUMNS = 4  # tenants shown one by one; beyond, the one with the slowest median first token
 

@@ -5,7 +5,7 @@ own on loopback.
 - ``sglang-router``: SGLang's Rust router, its default and recommended ``cache_aware`` policy (a radix
   tree of what each worker served, falling back to the least loaded worker when load is uneven).
 - ``vllm-router``: vLLM's Rust router (a fork of SGLang's), its default ``cache_aware`` policy.
-- ``ray-serve-llm``: Ray Serve LLM's prefix-aware request router (``loadgen.peers.ray_serve_llm``).
+- ``ray-serve-llm``: Ray Serve LLM's prefix-aware request router (``fairgate.loadgen.peers.ray_serve_llm``).
 - ``litellm``: the LiteLLM proxy, each engine a ``hosted_vllm`` deployment (its provider for vLLM's
   server), ``simple-shuffle`` routing (its recommended strategy for speed), every tenant at one
   priority. Its per-key limits need its Postgres key store, which a bench on loopback does not run.
@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from common.processes import stop_group
-from loadgen.serve_process import LAUNCH_ENVIRONMENT, free_port, wait_for_completion
+from fairgate.common.processes import stop_group
+from fairgate.loadgen.serve_process import LAUNCH_ENVIRONMENT, free_port, wait_for_completion
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -64,7 +63,7 @@ def _sglang_program() -> list[str]:
 def _ray_serve_llm_program() -> list[str]:
     if importlib.util.find_spec("pyarrow") is None:  # ray.serve.llm imports it
         raise PeerMissing("Ray Serve LLM's router needs pyarrow (pip install -e '.[peers]')")
-    return [sys.executable, "-m", "loadgen.peers.ray_serve_llm"]
+    return [sys.executable, "-m", "fairgate.loadgen.peers.ray_serve_llm"]
 
 
 def _ray_serve_llm_arguments(backends: Sequence[str], port: int, _scratch: Path, _model: str, _key: str) -> list[str]:

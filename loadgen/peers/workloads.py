@@ -3,7 +3,7 @@
 - ``overload``: the paper's two tenants (256/256, 1.5 and 3 req/s per engine), both far above half.
 - ``on_off``: the paper's on/off overload: A (2 req/s per engine) on and off in quarters of the run, B
   (3 req/s per engine) always on.
-- ``real``: the real trace's statistics (27 clients; ``loadgen.trace``), its arrivals ``engines`` times
+- ``real``: the real trace's statistics (27 clients; ``fairgate.loadgen.trace``), its arrivals ``engines`` times
   closer together.
 - ``mooncake``: the Mooncake conversation trace (one heavy tenant, three light), prompts and answers
   scaled down to fit the simulated engines' pools (``MOONCAKE_SCALE``); turns of a conversation share
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from loadgen.datasets import MOONCAKE_TRACE
-from loadgen.mooncake import MOONCAKE_BLOCK_TOKENS, load_mooncake
-from loadgen.workload import TraceRequest, Workload, WorkloadError
-from loadgen.workloads import Phase, TenantSpec, generate, overload, real
+from fairgate.loadgen.datasets import MOONCAKE_TRACE
+from fairgate.loadgen.mooncake import MOONCAKE_BLOCK_TOKENS, load_mooncake
+from fairgate.loadgen.workload import TraceRequest, Workload, WorkloadError
+from fairgate.loadgen.workloads import Phase, TenantSpec, generate, overload, real
 
 # Mooncake's prompts average ~12,000 tokens in 512-token blocks and its answers ~340: a sixteenth of
 # each prompt (blocks of 32 tokens) and a quarter of each answer fit a 10,000-token simulated pool.

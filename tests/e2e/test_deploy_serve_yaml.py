@@ -17,14 +17,14 @@ import openai
 import psutil
 import pytest
 import yaml
+from fairgate.common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
 
-from common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
 LOOPBACK_IPS = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
-LOOPBACK_HOOK = {"worker_process_setup_hook": "common.loopback.bind_serve_to_loopback"}
+LOOPBACK_HOOK = {"worker_process_setup_hook": "fairgate.common.loopback.bind_serve_to_loopback"}
 
 
 def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from fairgate.workers.engines.vllm.reference_server import vllm_server
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
 from tests.conftest import free_port
-from workers.engines.vllm.reference_server import vllm_server
-from workers.engines.vllm.settings import VllmSettings
 
 from .gateway_helpers import Gateway, scrape, start_deploy
 from .lora_adapters import make_adapter

@@ -11,7 +11,7 @@ import time
 import openai
 import pytest
 
-from dispatcher.core import LinearCost
+from fairgate.core import LinearCost
 
 from .gateway_helpers import Gateway, deploy
 from .test_vllm import VLLM

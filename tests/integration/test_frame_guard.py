@@ -13,10 +13,9 @@ import socket
 import threading
 
 import pytest
-
-from common.frame_guard import ADMISSION_HOP, HELLO_FRAME_BYTES, Guard, HandshakeRefused, hello_for, hop_key
-from common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.frame_guard import ADMISSION_HOP, HELLO_FRAME_BYTES, Guard, HandshakeRefused, hello_for, hop_key
+from fairgate.common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 SECRET = b"frame-guard-test-secret"
 KEY = hop_key(SECRET, ADMISSION_HOP)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from common.frame_guard import Guard
-from common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
-from common.rpc import fairgate_pb2 as pb
+from fairgate.common.frame_guard import Guard
+from fairgate.common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
+from fairgate.common.rpc import fairgate_pb2 as pb
 
 KEY = b"k" * 32
 GUARD = Guard(KEY, max_frame_bytes=1 << 20)

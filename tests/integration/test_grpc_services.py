@@ -10,17 +10,17 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from fairgate.common.frame_guard import DATA_PLANE_HOP, HandshakeRefused, hop_key
+from fairgate.common.frames import ConnectionLost, FrameConnection, connect
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.tickets import TicketFields, sign, ticket_message
+from fairgate.dispatcher.service import REPORT_PACE_IDLE_S, DispatcherService, Placement, Rejected
+from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.runner import SimulatedRunner
+from fairgate.workers.engines.simulated.tokenizer import count_tokens
+from fairgate.workers.worker import REPORT_LINGER_S, Worker
 
-from common.frame_guard import DATA_PLANE_HOP, HandshakeRefused, hop_key
-from common.frames import ConnectionLost, FrameConnection, connect
-from common.rpc import fairgate_pb2 as pb
-from common.tickets import TicketFields, sign, ticket_message
-from dispatcher.core import LinearCost, SchedulerConfig
-from dispatcher.service import REPORT_PACE_IDLE_S, DispatcherService, Placement, Rejected
-from workers.engines.simulated import SimulatedEngine, StepTimeModel
-from workers.engines.simulated.runner import SimulatedRunner
-from workers.engines.simulated.tokenizer import count_tokens
-from workers.worker import REPORT_LINGER_S, Worker
+from fairgate.core import LinearCost, SchedulerConfig
 
 SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
@@ -342,9 +342,8 @@ def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignme
 
 def test_a_worker_stream_that_never_says_hello_is_closed(monkeypatch):
     import grpc
-
-    from common.rpc import fairgate_pb2_grpc as rpc
-    from dispatcher import service as service_module
+    from fairgate.common.rpc import fairgate_pb2_grpc as rpc
+    from fairgate.dispatcher import service as service_module
 
     monkeypatch.setattr(service_module, "WORKER_HELLO_S", 0.3)
 
@@ -540,7 +539,7 @@ def test_a_prefill_under_way_when_its_client_leaves_is_charged_even_if_the_relea
     prompt the engine took in, and the engine stops it at once. (Before, the worker's report named no
     tenant for a request its caller had left, so the dispatcher, which had refunded it, could not charge
     it: a free prefill; and a caller leaving before the first output did not abort it in the engine.)"""
-    from ingress.generation import Outcome, WorkerConnections, stream_bytes
+    from fairgate.ingress.generation import Outcome, WorkerConnections, stream_bytes
 
     async def scenario():
         slow_steps = StepTimeModel(0.3, 0.0, 0.0, 0.0)  # a step (the prefill) takes 300 ms
@@ -616,7 +615,7 @@ def test_one_request_failing_on_a_worker_never_ends_another_stream_and_connectio
     """The ingress reuses its connections to a worker: a request refused by the worker (a bad ticket)
     or ended by its client leaves every other request streaming; a connection goes back for the next
     request only after a clean end (a refusal is one), never after its client left."""
-    from ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
+    from fairgate.ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 
     async def scenario():
         service, workers = await cluster()
@@ -783,7 +782,7 @@ class _Submits:
         self.block.set()
 
     async def __call__(self, request: pb.SubmitRequest) -> pb.SubmitReply:
-        from dispatcher.admission_service import submit_args
+        from fairgate.dispatcher.admission_service import submit_args
 
         rid, tenant, prompt, max_tokens, *_, tier = args = submit_args(request)
         self.calls.append(args)
@@ -809,8 +808,8 @@ def test_admission_takes_only_the_ingress_token_and_carries_the_whole_placement(
 
 
 async def _admission_token_and_placement():
-    from dispatcher.admission_service import AdmissionServer
-    from ingress.admission_client import AdmissionClient, AdmissionRefused
+    from fairgate.dispatcher.admission_service import AdmissionServer
+    from fairgate.ingress.admission_client import AdmissionClient, AdmissionRefused
 
     submits = _Submits()
     server = AdmissionServer(submits, SECRET, 1 << 20)
@@ -851,8 +850,8 @@ def test_admission_withdraws_on_cancel_and_asks_again_after_a_restart():
 
 
 async def _admission_cancel_and_restart():
-    from dispatcher.admission_service import AdmissionServer
-    from ingress.admission_client import AdmissionClient, DispatcherUnavailable
+    from fairgate.dispatcher.admission_service import AdmissionServer
+    from fairgate.ingress.admission_client import AdmissionClient, DispatcherUnavailable
 
     submits = _Submits()
     server = AdmissionServer(submits, SECRET, 1 << 20)
@@ -898,8 +897,8 @@ def test_an_ingress_call_cancelled_as_its_placement_arrives_frees_the_placement(
 async def _admission_reply_then_cancel():
     """The client leaves in the same turn of the loop as the placement arrives: the call never
     resumes to use it, so the client hands it back (the ingress releases it at the dispatcher)."""
-    from dispatcher.admission_service import AdmissionServer
-    from ingress import admission_client
+    from fairgate.dispatcher.admission_service import AdmissionServer
+    from fairgate.ingress import admission_client
 
     submits = _Submits()
     server = AdmissionServer(submits, SECRET, 1 << 20)

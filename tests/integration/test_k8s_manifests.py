@@ -18,9 +18,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from fairgate.gateway.config import parse_config
 from ray.serve.schema import ServeDeploySchema
 
-from gateway.config import parse_config
 from tests.conftest import REPO
 
 CRDS = REPO / "k8s" / "schemas" / "kuberay-v1.7.0"
@@ -172,16 +172,15 @@ def test_no_secret_value_is_in_a_manifest_and_the_gateway_config_parses(rendered
 
 
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.gpu"])
-def test_images_copy_every_package_the_project_installs(dockerfile):
+def test_images_copy_every_folder_the_project_installs(dockerfile):
     import tomllib
 
-    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {pattern.rstrip("*") for pattern in include}
-    assert packages == {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}  # every package installs
+    folders = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    assert folders == {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}  # every package installs
     copied = {
         line.split()[-2] for line in (REPO / "deploy" / dockerfile).read_text().splitlines() if line.startswith("COPY")
     }
-    assert packages <= copied, sorted(packages - copied)
+    assert folders <= copied, sorted(folders - copied)
 
 
 # ----------------------------------------------------------------------------- closed by default

@@ -9,10 +9,9 @@ import uuid
 
 import redis
 import yaml
-
-from common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
-from dispatcher.actor import DispatcherActor, dispatcher_settings
-from gateway.config import parse_config
+from fairgate.common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
+from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
+from fairgate.gateway.config import parse_config
 
 CLUSTER = "u" * 32
 KEYS = {"alice": "alice-key-from-before-1", "bob": "bob-key-from-before-22"}

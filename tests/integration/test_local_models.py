@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from workers.engines.vllm.local_models import SHAPES, VOCAB_SIZE, ensure_model
-from workers.engines.vllm.prompts import HuggingFacePrompts
-from workers.engines.vllm.settings import VllmSettings
+from fairgate.workers.engines.vllm.local_models import SHAPES, VOCAB_SIZE, ensure_model
+from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
 
 def test_builds_the_same_files_every_time(tmp_path):
@@ -42,9 +41,9 @@ def test_every_shape_has_a_context_limit_and_unknown_ones_are_refused(tmp_path):
 
 
 def test_config_takes_a_vllm_section_and_names_bad_fields():
-    from common.sections import ConfigError
-    from gateway.config import parse_config
-    from ingress.prompting import context_limit
+    from fairgate.common.sections import ConfigError
+    from fairgate.gateway.config import parse_config
+    from fairgate.ingress.prompting import context_limit
 
     raw = {
         "model": "tiny",

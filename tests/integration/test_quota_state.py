@@ -8,10 +8,10 @@ import asyncio
 import uuid
 
 import yaml
+from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
+from fairgate.gateway.config import parse_config
 
-from dispatcher.actor import DispatcherActor, dispatcher_settings
-from dispatcher.core.quotas import Amount
-from gateway.config import parse_config
+from fairgate.core.quotas import Amount
 
 SECRET = "q" * 32
 

@@ -6,11 +6,11 @@ import asyncio
 import uuid
 
 import pytest
+from fairgate.common.sections import ConfigError
+from fairgate.dispatcher.state_store import MemoryStore, RedisStore, open_store
+from fairgate.gateway.config import parse_config
 
-from common.sections import ConfigError
-from dispatcher.core import FairScheduler, SchedulerConfig
-from dispatcher.state_store import MemoryStore, RedisStore, open_store
-from gateway.config import parse_config
+from fairgate.core import FairScheduler, SchedulerConfig
 
 SEED = [{"name": "alice", "key_hash": "h-a", "weight": 1.0}, {"name": "bob", "key_hash": "h-b", "weight": 2.0}]
 NODES = [{"name": "org", "parent": "", "weight": 2.0}, {"name": "org-b", "parent": "", "weight": 1.0}]

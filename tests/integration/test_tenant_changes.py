@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import yaml
-
-from common.key_hashing import key_digest
-from dispatcher.actor import DispatcherActor, dispatcher_settings
-from gateway.config import parse_config
+from fairgate.common.key_hashing import key_digest
+from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
+from fairgate.gateway.config import parse_config
 
 
 def _dispatcher():

@@ -9,18 +9,18 @@ import contextlib
 import gc
 
 import pytest
+from fairgate.loadgen.engine_replay import replay_into_runner
+from fairgate.loadgen.simulator import SimulationConfig, simulate
+from fairgate.loadgen.workloads import Phase, TenantSpec, generate
+from fairgate.workers.engines.interface import GenerationParams, StepReport
+from fairgate.workers.engines.simulated import StepTimeModel
+from fairgate.workers.engines.vllm.local_models import SPECIAL_TOKENS, VOCAB_SIZE
+from fairgate.workers.engines.vllm.profiler import average_profiles, profile
+from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
+from fairgate.workers.engines.vllm.runner import VllmRunner
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
-from dispatcher.core import fit_profiled_cost
-from loadgen.engine_replay import replay_into_runner
-from loadgen.simulator import SimulationConfig, simulate
-from loadgen.workloads import Phase, TenantSpec, generate
-from workers.engines.interface import GenerationParams, StepReport
-from workers.engines.simulated import StepTimeModel
-from workers.engines.vllm.local_models import SPECIAL_TOKENS, VOCAB_SIZE
-from workers.engines.vllm.profiler import average_profiles, profile
-from workers.engines.vllm.prompts import HuggingFacePrompts
-from workers.engines.vllm.runner import VllmRunner
-from workers.engines.vllm.settings import VllmSettings
+from fairgate.core import fit_profiled_cost
 
 pytestmark = pytest.mark.slow
 
@@ -296,8 +296,8 @@ def test_the_workers_openai_layer_leaves_out_only_the_http_servers_middleware(en
     """vLLM's app, as the worker drives it in-process: no CORS and no HTTP instrumentator (they serve a
     server's clients, and cost CPU on every message of every stream), its other middleware kept, and
     it answers."""
-    from workers.asgi_call import call_asgi
-    from workers.engines.vllm.openai_layer import SERVER_ONLY_MIDDLEWARE
+    from fairgate.workers.asgi_call import call_asgi
+    from fairgate.workers.engines.vllm.openai_layer import SERVER_ONLY_MIDDLEWARE
 
     app = engine.run(engine.runner.openai_app())
     names = [m.cls.__name__ for m in app.user_middleware]

@@ -7,8 +7,7 @@ far less often on the same traffic."""
 from __future__ import annotations
 
 import pytest
-
-from loadgen.bench_slo import bench_slo
+from fairgate.loadgen.bench_slo import bench_slo
 
 
 @pytest.fixture(scope="module")

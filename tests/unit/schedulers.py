@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig
+from fairgate.core import FairScheduler, LinearCost, SchedulerConfig
 
 
 def make(policy: str = "vtc", **kw) -> FairScheduler:

@@ -4,10 +4,9 @@ model in virtual time), and an independent measure of the fairness bound on what
 from __future__ import annotations
 
 import numpy as np
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import TraceRequest, Workload
 from hypothesis import strategies as st
-
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload import TraceRequest, Workload
 
 POOL = 1200
 

@@ -5,11 +5,10 @@ taken), as the admin API and the configuration both check them."""
 from __future__ import annotations
 
 import pytest
-
-from common.sections import ConfigError
-from dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
-from dispatcher.tenant_registry import TenantError, TenantRegistry
-from gateway.config import parse_config
+from fairgate.common.sections import ConfigError
+from fairgate.dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
+from fairgate.dispatcher.tenant_registry import TenantError, TenantRegistry
+from fairgate.gateway.config import parse_config
 
 TENANTS = [
     {"name": "alice", "key_hash": "a", "parent": "support"},

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from workers.asgi_call import Linger, call_asgi
-from workers.stream_text import carries_text
+from fairgate.workers.asgi_call import Linger, call_asgi
+from fairgate.workers.stream_text import carries_text
 
 
 def app_sending(pieces: int, gap_s: float):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from loadgen.agent_sessions import SYSTEM_TOKENS, agent_sessions
-from loadgen.bench_locality import BASELINE, BLIND, CEILING, bench_locality
-from loadgen.mooncake import DEFAULT_SHARES, MOONCAKE_BLOCK_TOKENS, load_mooncake
+from fairgate.loadgen.agent_sessions import SYSTEM_TOKENS, agent_sessions
+from fairgate.loadgen.bench_locality import BASELINE, BLIND, CEILING, bench_locality
+from fairgate.loadgen.mooncake import DEFAULT_SHARES, MOONCAKE_BLOCK_TOKENS, load_mooncake
 
 
 def test_the_trace_becomes_tenants_by_conversation_with_prefixes_salted_apart(mooncake_trace: Path):

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from dispatcher.core import LinearCost, engine_queue_slack, two_u
-from gateway.config import parse_config
-from loadgen.peers.bench import (
+from fairgate.gateway.config import parse_config
+from fairgate.loadgen.peers.bench import (
     FAIRGATE,
     FAIRGATE_FCFS,
     FAIRGATE_VTC,
@@ -20,12 +18,14 @@ from loadgen.peers.bench import (
     fairgate_arms,
     fairgate_config,
 )
-from loadgen.peers.prompts import prompt_builder
-from loadgen.peers.report import format_peers, plot_peers
-from loadgen.peers.routers import PEERS
-from loadgen.peers.workloads import NAMES, peer_workload
-from loadgen.workload import TraceRequest, WorkloadError
-from workers.engines.simulated.tokenizer import count_tokens
+from fairgate.loadgen.peers.prompts import prompt_builder
+from fairgate.loadgen.peers.report import format_peers, plot_peers
+from fairgate.loadgen.peers.routers import PEERS
+from fairgate.loadgen.peers.workloads import NAMES, peer_workload
+from fairgate.loadgen.workload import TraceRequest, WorkloadError
+from fairgate.workers.engines.simulated.tokenizer import count_tokens
+
+from fairgate.core import LinearCost, engine_queue_slack, two_u
 
 
 def test_prompts_share_text_exactly_where_the_workload_shares_blocks():

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from common.key_hashing import key_digest
-from common.sections import ConfigError, secret_from_env
-from gateway.config import parse_config
-from gateway.config_schema import ADMIN
+from fairgate.common.key_hashing import key_digest
+from fairgate.common.sections import ConfigError, secret_from_env
+from fairgate.gateway.config import parse_config
+from fairgate.gateway.config_schema import ADMIN
 
 TENANTS = {"tenants": [{"name": "a", "api_key": "tenant-key-0123456789"}]}
 
@@ -44,9 +43,8 @@ def test_bad_admin_keys_are_refused(monkeypatch, admin, needle):
 def test_a_short_cluster_secret_is_refused_wherever_the_gateway_is_built(monkeypatch):
     """``fairgate serve`` and a deployment alike: every ticket and hop key derives from it."""
     import yaml
-
-    from common.sections import checked_cluster_secret
-    from gateway.app import build_app
+    from fairgate.common.sections import checked_cluster_secret
+    from fairgate.gateway.app import build_app
 
     assert checked_cluster_secret("x" * 32) == "x" * 32
     with pytest.raises(ConfigError, match="at least 32"):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from fairgate.loadgen.datasets import COST_PROFILE
 
-from dispatcher.core import (
+from fairgate.core import (
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,
     FairScheduler,
@@ -15,8 +16,7 @@ from dispatcher.core import (
     SchedulerConfig,
     cost_from_spec,
 )
-from dispatcher.core.costs import fit_profiled_cost
-from loadgen.datasets import COST_PROFILE
+from fairgate.core.costs import fit_profiled_cost
 from tests.unit.schedulers import make
 
 
@@ -184,8 +184,8 @@ def test_requests_that_ended_while_a_workers_stream_was_down_are_settled_once():
 
 
 def test_the_admission_settings_of_a_config_are_checked_and_reservations_are_refused_by_name():
-    from common.sections import ConfigError
-    from gateway.config import parse_config
+    from fairgate.common.sections import ConfigError
+    from fairgate.gateway.config import parse_config
 
     base = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
     config, _ = parse_config({**base, "max_engine_waiting": 0, "overcommit": 3})

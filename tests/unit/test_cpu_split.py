@@ -7,8 +7,7 @@ import subprocess
 import time
 
 import pytest
-
-from loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
+from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
 
 
 def test_cpu_lists_parse_and_must_leave_the_host_some():

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from common.prefix_hashes import for_adapter
-from workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
-from workers.engines.simulated.adapters import LLAMA2_7B_RANK16, AdapterCache
+from fairgate.common.prefix_hashes import for_adapter
+from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.adapters import LLAMA2_7B_RANK16, AdapterCache
 
 
 def engine(max_loras: int = 2, max_cpu_loras: int = 3) -> SimulatedEngine:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from loadgen.datasets import COST_PROFILE
-from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
+from fairgate.loadgen.datasets import COST_PROFILE
+from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 UNIT = StepTimeModel(0.01, 0.0, 0.0, 0.0)  # every step 10 ms
 

@@ -1,47 +1,66 @@
-"""The layout rule (docs/architecture.md: layers): every package stands above what it uses, and no import runs back up.
+"""The layout rule (docs/layout.md): every package stands above what it uses, and no import runs back up.
 
-The order, lowest first (a module may import from its own layer and the layers below it):
+Everything is one import root, ``fairgate``; each layer below the command keeps a folder of its own in
+the repository, mapped under the root by ``pyproject.toml`` (``package-dir``). The order, lowest first
+(a module may import from its own layer and the layers below it):
 
-1. ``dispatcher.core``: the pure core. Only the standard library and itself.
-2. ``common``: the shared floor (wire stubs, tickets, tracing, loopback, settings sections, tenant schema).
-3. ``dispatcher``: the control plane's shells (service, actor, state, registry, metrics).
-4. ``workers``: the engine plug-ins, the worker shell and its deployment.
-5. ``ingress``: the HTTP front.
-6. ``gateway``: the application assembled from all of the above.
-7. ``loadgen``: workloads, the simulator, the replay, benches.
-8. ``fairgate``: the command line.
+1. ``fairgate.core`` (``fairgate/core/``): the pure core. Only the standard library and itself.
+2. ``fairgate.common`` (``common/``): the shared floor (wire stubs, tickets, tracing, loopback, sections).
+3. ``fairgate.dispatcher`` (``dispatcher/``): the control plane's shells (service, actor, state, registry).
+4. ``fairgate.workers`` (``workers/``): the engine plug-ins, the worker shell and its deployment.
+5. ``fairgate.ingress`` (``ingress/``): the HTTP front.
+6. ``fairgate.gateway`` (``gateway/``): the application assembled from all of the above.
+7. ``fairgate.loadgen`` (``loadgen/``): workloads, the simulator, the replay, benches.
+8. ``fairgate.cli`` and the root package: the command line.
 
 Also: no two files import each other, directly or in a ring (an import inside a function or under
-``TYPE_CHECKING`` counts: it only hides the ring); nothing under ``dispatcher/`` imports an engine
-(``workers.engines`` or an engine's libraries), and no code outside ``workers/`` branches on an
-engine's name.
+``TYPE_CHECKING`` counts: it only hides the ring); every import of the project's own code names the
+root (a folder imported by its own name would load a second copy of its modules); nothing under
+``dispatcher/`` imports an engine (``fairgate.workers.engines`` or an engine's libraries), and no code
+outside ``workers/`` branches on an engine's name.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from fairgate.workers.engines import engine_names
 
 from tests.conftest import REPO
-from workers.engines import engine_names
 
-LAYERS = ["dispatcher.core", "common", "dispatcher", "workers", "ingress", "gateway", "loadgen", "fairgate"]
+LAYERS = [
+    "fairgate.core",
+    "fairgate.common",
+    "fairgate.dispatcher",
+    "fairgate.workers",
+    "fairgate.ingress",
+    "fairgate.gateway",
+    "fairgate.loadgen",
+    "fairgate.cli",
+    "fairgate",  # the root package itself (``python -m fairgate``): last, as every name starts with it
+]
 ENGINE_LIBRARIES = {"vllm", "torch", "transformers", "tokenizers"}
+# package -> its folder, as the wheel is built (a package not named here lies inside its parent's folder)
+PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+FOLDERS = {REPO / folder: package for package, folder in PACKAGE_DIRS.items()}
 
 
 def layer_of(module: str) -> int | None:
     """The layer of a project module (None for anything that is not the project's)."""
-    for index, name in enumerate(LAYERS):  # dispatcher.core comes before dispatcher
+    for index, name in enumerate(LAYERS):  # each layer's name comes before the root's
         if module == name or module.startswith(name + "."):
             return index
     return None
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    """The module a file is installed as: its folder's package, then its path inside that folder."""
+    folder = max((f for f in FOLDERS if path.is_relative_to(f)), key=lambda f: len(f.parts))
+    parts = [FOLDERS[folder], *path.relative_to(folder).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -73,7 +92,7 @@ def imports_in(source: str, package: list[str]) -> list[tuple[int, str]]:
 
 
 def project_files() -> list[Path]:
-    return sorted(p for top in {name.split(".")[0] for name in LAYERS} for p in (REPO / top).rglob("*.py"))
+    return sorted(p for folder in FOLDERS for p in folder.rglob("*.py"))
 
 
 def file_imports(source: str, module: str, is_package: bool, modules: set[str]) -> set[str]:
@@ -157,12 +176,14 @@ def test_the_cycle_check_has_teeth():
     """A ring planted back (the engine interface importing the server that looks engines up, deferred
     as it once was) and an upward import (the core importing its shell) are both found."""
     interface = REPO / "workers" / "engines" / "interface.py"
-    planted = interface.read_text() + "\n\ndef _late():\n    from workers.engine_server import engine_app\n"
-    rings = import_cycles(project_graph({"workers.engines.interface": planted}))
-    assert ["workers.engine_server", "workers.engines", "workers.engines.interface"] in rings
+    planted = interface.read_text() + "\n\ndef _late():\n    from fairgate.workers.engine_server import engine_app\n"
+    rings = import_cycles(project_graph({"fairgate.workers.engines.interface": planted}))
+    assert ["fairgate.workers.engine_server", "fairgate.workers.engines", "fairgate.workers.engines.interface"] in rings
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    upward = imports_in("def f():\n    from dispatcher.service import DispatcherService\n", ["dispatcher", "core"])
-    assert any(layer_of(m) > layer_of("dispatcher.core.scheduler") for _, m in upward)
+    upward = imports_in(
+        "def f():\n    from fairgate.dispatcher.service import DispatcherService\n", ["fairgate", "core"]
+    )
+    assert any(layer_of(m) > layer_of("fairgate.core.scheduler") for _, m in upward)
 
 
 def test_every_module_belongs_to_a_layer():
@@ -181,25 +202,34 @@ def test_no_import_runs_back_up(path):
             assert theirs <= mine, f"{where} imports {module}, of a higher layer ({LAYERS[theirs]})"
 
 
+FOLDER_NAMES = {folder.name for folder in FOLDERS if folder.name != "fairgate"}
+
+
+@pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_import_of_the_project_names_the_root(path):
+    for line, module in imports_of(path):
+        assert module.split(".")[0] not in FOLDER_NAMES, f"{path.relative_to(REPO)}:{line} imports {module}"
+
+
 def test_the_core_imports_only_the_standard_library_and_itself():
-    for path in (REPO / "dispatcher" / "core").rglob("*.py"):
+    for path in (REPO / "fairgate" / "core").rglob("*.py"):
         for line, module in imports_of(path):
             top = module.split(".")[0]
-            ok = module.startswith("dispatcher.core") or (top in sys.stdlib_module_names and top != "asyncio")
+            ok = module.startswith("fairgate.core") or (top in sys.stdlib_module_names and top != "asyncio")
             assert ok, f"{path.relative_to(REPO)}:{line} imports {module}"
 
 
 def test_the_dispatcher_imports_no_engine():
     for path in (REPO / "dispatcher").rglob("*.py"):
         for line, module in imports_of(path):
-            assert not module.startswith("workers"), f"{path.relative_to(REPO)}:{line} imports {module}"
+            assert not module.startswith("fairgate.workers"), f"{path.relative_to(REPO)}:{line} imports {module}"
             assert module.split(".")[0] not in ENGINE_LIBRARIES, f"{path.relative_to(REPO)}:{line} imports {module}"
 
 
 def test_no_code_outside_workers_branches_on_an_engine_name():
     names = set(engine_names())
     for path in project_files():
-        if module_name(path).startswith("workers"):
+        if module_name(path).startswith("fairgate.workers"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
@@ -210,8 +240,16 @@ def test_no_code_outside_workers_branches_on_an_engine_name():
 
 def test_the_check_has_teeth():
     """Imports inside functions and relative ones are seen; the layers order them as stated."""
-    source = "import ray\ndef f():\n    from ingress.deployment import Ingress\nfrom ..core import model\n"
-    found = sorted(module for _, module in imports_in(source, ["dispatcher", "service"]))
-    assert found == ["dispatcher.core", "ingress.deployment", "ray"]
-    assert layer_of("ingress.deployment") > layer_of("dispatcher.service") > layer_of("common.sections")
-    assert layer_of("dispatcher.core.scheduler") == 0 and layer_of("ray") is None
+    source = "import ray\ndef f():\n    from fairgate.ingress.deployment import Ingress\nfrom ..core import model\n"
+    found = sorted(module for _, module in imports_in(source, ["fairgate", "dispatcher"]))
+    assert found == ["fairgate.core", "fairgate.ingress.deployment", "ray"]
+    assert layer_of("fairgate.ingress.deployment") > layer_of("fairgate.dispatcher.service")
+    assert layer_of("fairgate.dispatcher.service") > layer_of("fairgate.common.sections")
+    assert layer_of("fairgate.core.scheduler") == 0 and layer_of("ray") is None
+    assert layer_of("fairgate.cli.bench") < layer_of("fairgate.__main__") == len(LAYERS) - 1
+    assert module_name(REPO / "dispatcher" / "actor.py") == "fairgate.dispatcher.actor"
+    assert module_name(REPO / "fairgate" / "core" / "policies" / "__init__.py") == "fairgate.core.policies"
+    assert [m for _, m in imports_in("from common.frames import x\nimport loadgen\n", ["fairgate"])] == [
+        "common.frames",
+        "loadgen",
+    ]  # what the next test refuses

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
-from common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
-from common.sections import ConfigError
-from gateway.app import build_app
-from gateway.config import parse_config
+from fairgate.common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
+from fairgate.common.sections import ConfigError
+from fairgate.gateway.app import build_app
+from fairgate.gateway.config import parse_config
 
 CLUSTER = "c" * 32
 

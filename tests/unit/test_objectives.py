@@ -7,22 +7,22 @@ from __future__ import annotations
 import random
 
 import pytest
+from fairgate.dispatcher.service import rejected
+from fairgate.gateway.config import ConfigError, parse_config
+from fairgate.ingress.errors import rejection_error
+from fairgate.ingress.prometheus import render_prometheus
+from fairgate.loadgen.bench_slo import slo_spec
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload_spec import workload_from_spec
 
-from dispatcher.core import SchedulerConfig
-from dispatcher.core.classes import RequestClass, check_classes
-from dispatcher.core.model import Request
-from dispatcher.core.placement import make_placement
-from dispatcher.core.reasons import REJECT_OBJECTIVE
-from dispatcher.core.snapshots import restore_snapshot
-from dispatcher.core.wait_prediction import PROBE_AFTER_S, TARGET, ObjectiveRecord, WaitPredictor
-from dispatcher.core.workers import WorkerTable
-from dispatcher.service import rejected
-from gateway.config import ConfigError, parse_config
-from ingress.errors import rejection_error
-from ingress.prometheus import render_prometheus
-from loadgen.bench_slo import slo_spec
-from loadgen.simulator import Simulation, SimulationConfig
-from loadgen.workload_spec import workload_from_spec
+from fairgate.core import SchedulerConfig
+from fairgate.core.classes import RequestClass, check_classes
+from fairgate.core.model import Request
+from fairgate.core.placement import make_placement
+from fairgate.core.reasons import REJECT_OBJECTIVE
+from fairgate.core.snapshots import restore_snapshot
+from fairgate.core.wait_prediction import PROBE_AFTER_S, TARGET, ObjectiveRecord, WaitPredictor
+from fairgate.core.workers import WorkerTable
 
 from .schedulers import make
 

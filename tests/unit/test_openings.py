@@ -1,12 +1,12 @@
-"""When engines' batch slots open, as the dispatcher predicts it (dispatcher/core/openings.py)."""
+"""When engines' batch slots open, as the dispatcher predicts it (fairgate/core/openings.py)."""
 
 from __future__ import annotations
 
 import math
 
-from dispatcher.core.model import Request
-from dispatcher.core.openings import BudgetUse, running_steps_left, steps_to_start
-from dispatcher.core.workers import WorkerSlot
+from fairgate.core.model import Request
+from fairgate.core.openings import BudgetUse, running_steps_left, steps_to_start
+from fairgate.core.workers import WorkerSlot
 
 
 def running(rid: str, tenant: str, worker: str, max_tokens: int, generated: int) -> Request:

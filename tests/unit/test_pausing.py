@@ -1,4 +1,4 @@
-"""``loadgen.pausing``: a server's whole process tree stops and continues, and a server is found by its
+"""``fairgate.loadgen.pausing``: a server's whole process tree stops and continues, and a server is found by its
 port; real processes."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from loadgen.pausing import listening_process, paused, process_tree
+from fairgate.loadgen.pausing import listening_process, paused, process_tree
 
 # a parent that starts a child, both sleeping; prints the child's pid
 PARENT = (

@@ -1,6 +1,6 @@
 """The conformance suite: every registered fairness policy and placement rule through the same checks.
 
-A new policy (``dispatcher/core/policies/``) or placement rule (``dispatcher/core/placement/``) gets
+A new policy (``fairgate/core/policies/``) or placement rule (``fairgate/core/placement/``) gets
 these tests by being registered. For each one, on random event sequences and random workloads:
 
 - nothing is lost or duplicated, whatever happens (submits, dispatches, engine steps, cancels, aborts,
@@ -25,10 +25,12 @@ import json
 import random
 
 import pytest
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.workers.engines.simulated import AdapterSettings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from dispatcher.core import (
+from fairgate.core import (
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,
     REJECT_TOO_LARGE,
@@ -39,10 +41,9 @@ from dispatcher.core import (
     placement_names,
     unit_u,
 )
-from dispatcher.core.classes import RequestClass
-from dispatcher.core.policies import policy_examples
-from dispatcher.core.tree import TreeNode
-from loadgen.simulator import Simulation, SimulationConfig
+from fairgate.core.classes import RequestClass
+from fairgate.core.policies import policy_examples
+from fairgate.core.tree import TreeNode
 from tests.unit.simulated_runs import (
     BURSTS,
     FLOOD,
@@ -54,7 +55,6 @@ from tests.unit.simulated_runs import (
     run,
     workload_of,
 )
-from workers.engines.simulated import AdapterSettings
 
 CASES = [(policy, placement) for policy in policy_examples() for placement in placement_names()]
 # the same events with the tenants in a tree (two levels of nodes) and request classes (one strict)

@@ -5,13 +5,13 @@ cached prefix, and the locality slack."""
 from __future__ import annotations
 
 import pytest
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
-from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig, make_policy
-from dispatcher.core.costs import ProfiledCost, cost_from_spec
-from dispatcher.core.prefix_index import PrefixIndex
-from loadgen.simulator import Simulation, SimulationConfig
+from fairgate.core import FairScheduler, LinearCost, SchedulerConfig, make_policy
+from fairgate.core.costs import ProfiledCost, cost_from_spec
+from fairgate.core.prefix_index import PrefixIndex
 from tests.unit.simulated_runs import workload_of
-from workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 BLOCK = 16
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from fairgate.gateway.config import parse_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.core import FairScheduler, LinearCost, SchedulerConfig
-from dispatcher.core.quotas import Amount, Prices, QuotaBook, QuotaRule
-from dispatcher.core.reasons import REJECT_QUOTA
-from gateway.config import parse_config
+from fairgate.core import FairScheduler, LinearCost, SchedulerConfig
+from fairgate.core.quotas import Amount, Prices, QuotaBook, QuotaRule
+from fairgate.core.reasons import REJECT_QUOTA
 
 HOUR = 3600.0
 # alice's hourly 1,000-token quota once 150 are used and nothing is held (its reset time left out)
@@ -108,7 +108,7 @@ def test_queued_requests_that_together_exceed_what_is_left_are_refused_at_dispat
 
 def test_a_tree_nodes_quota_counts_every_tenant_under_it_and_every_class():
     classes = ({"name": "interactive"}, {"name": "batch"})
-    from dispatcher.core.classes import RequestClass
+    from fairgate.core.classes import RequestClass
 
     s = scheduler(QuotaRule("team", "day", 1000), classes=tuple(RequestClass.from_dict(c) for c in classes))
     s.set_node("team", None, 1.0)

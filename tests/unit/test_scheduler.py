@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dispatcher.core import (
+from fairgate.core import (
     REJECT_QUEUE_FULL,
     REJECT_RATE_LIMITED,
     REJECT_TENANT_QUEUE_FULL,

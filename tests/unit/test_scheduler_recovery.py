@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dispatcher.core import FairScheduler
+from fairgate.core import FairScheduler
 from tests.unit.schedulers import make, one_running
 
 

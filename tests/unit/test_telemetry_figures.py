@@ -7,14 +7,14 @@ import json
 import re
 
 import pytest
+from fairgate.common.tracing import configure_tracing, finished_spans, set_tracing_active
+from fairgate.dispatcher.metrics import Histogram, ServiceHistory
+from fairgate.ingress.prometheus import render_prometheus
+from fairgate.loadgen.bench_gateway import trace_one_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.tracing import configure_tracing, finished_spans, set_tracing_active
-from dispatcher.core import LinearCost
-from dispatcher.core.fairness import backlogged_gap, jain_index, two_u
-from dispatcher.metrics import Histogram, ServiceHistory
-from ingress.prometheus import render_prometheus
-from loadgen.bench_gateway import trace_one_request
+from fairgate.core import LinearCost
+from fairgate.core.fairness import backlogged_gap, jain_index, two_u
 from tests.conftest import REPO
 
 
@@ -209,9 +209,8 @@ def test_grafana_dashboard_queries_only_metrics_that_exist():
 
 
 def test_otlp_metrics_export_the_same_figures_with_capped_tenants():
+    from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from dispatcher.otlp_metrics import start_otlp_metrics
 
     reader = InMemoryMetricReader()
     provider = start_otlp_metrics(snapshot, top_n=2, reader=reader)
@@ -232,8 +231,8 @@ BASE = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin
 
 
 def test_telemetry_section_defaults_and_refusals(monkeypatch):
-    from common.sections import ConfigError
-    from gateway.config import parse_config
+    from fairgate.common.sections import ConfigError
+    from fairgate.gateway.config import parse_config
 
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     t = parse_config(BASE)[0].telemetry

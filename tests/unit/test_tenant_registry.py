@@ -1,9 +1,8 @@
 """The tenant registry's rules, and the ingress's key cache."""
 
 import pytest
-
-from dispatcher.tenant_registry import TenantError, TenantRegistry
-from ingress.auth import KeyCache, LookupBudget
+from fairgate.dispatcher.tenant_registry import TenantError, TenantRegistry
+from fairgate.ingress.auth import KeyCache, LookupBudget
 
 
 @pytest.mark.parametrize("name", ["alice\n", "alice\r\n", "", "-alice", "a" * 65, "al ice", "alice/x"])

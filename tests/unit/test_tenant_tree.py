@@ -7,12 +7,12 @@ import random
 from collections import Counter
 
 import pytest
+from fairgate.loadgen.workload import WorkloadError
+from fairgate.loadgen.workload_spec import workload_from_spec
 
-from dispatcher.core import FairScheduler, SchedulerConfig
-from dispatcher.core.classes import RequestClass
-from dispatcher.core.tree import TreeError
-from loadgen.workload import WorkloadError
-from loadgen.workload_spec import workload_from_spec
+from fairgate.core import FairScheduler, SchedulerConfig
+from fairgate.core.classes import RequestClass
+from fairgate.core.tree import TreeError
 from tests.unit.schedulers import make
 
 CLASSES = (RequestClass("interactive", 3.0, ttft_s=2.0), RequestClass("batch", 1.0), RequestClass("ops", strict=True))
@@ -264,7 +264,7 @@ def test_workload_spec_declares_the_tree_and_names_what_is_wrong():
 
 
 def test_the_simulators_report_checks_the_bound_per_sibling_pair_at_every_level():
-    from loadgen.simulator import SimulationConfig, simulate
+    from fairgate.loadgen.simulator import SimulationConfig, simulate
 
     spec = {
         "duration_s": 240,
@@ -301,8 +301,8 @@ def config_with(**changes):
 
 
 def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong():
-    from common.sections import ConfigError
-    from gateway.config import parse_config
+    from fairgate.common.sections import ConfigError
+    from fairgate.gateway.config import parse_config
 
     config, _ = parse_config(config_with())
     plain = config.plain()
@@ -338,7 +338,7 @@ def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong
 
 
 def test_the_registry_refuses_bad_changes_with_their_status_and_keeps_the_tree():
-    from dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
+    from fairgate.dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 
     classes = [ServiceClass(RequestClass("interactive", 3.0), "default"), ServiceClass(RequestClass("batch"), "flex")]
     classes.append(ServiceClass(RequestClass("ops", strict=True), "priority"))
@@ -383,7 +383,7 @@ def test_moving_a_busy_team_under_an_idle_organisation_lifts_the_organisation():
 
 
 def test_a_second_class_is_no_second_queue_cap():
-    from dispatcher.core import REJECT_TENANT_QUEUE_FULL
+    from fairgate.core import REJECT_TENANT_QUEUE_FULL
 
     s = make(classes=CLASSES, max_queued_per_tenant=3)
     s.add_tenant("key")

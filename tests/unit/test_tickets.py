@@ -1,6 +1,6 @@
 """Assignment tickets and worker credentials."""
 
-from common.tickets import (
+from fairgate.common.tickets import (
     NonceBook,
     TicketBook,
     TicketFields,

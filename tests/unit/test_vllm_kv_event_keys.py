@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
-from workers.engines.vllm.kv_event_keys import KvEventKeys
+from fairgate.common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
+from fairgate.workers.engines.vllm.kv_event_keys import KvEventKeys
 
 VLLM_BLOCK = 32
 STRIDE = hash_block_tokens(VLLM_BLOCK)  # 256 tokens: 8 of vLLM's blocks per key

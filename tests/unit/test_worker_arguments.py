@@ -5,9 +5,8 @@ name instead of creating it from the dispatcher's settings)."""
 from __future__ import annotations
 
 import yaml
-
-from gateway.app import build_app
-from gateway.config import parse_config
+from fairgate.gateway.app import build_app
+from fairgate.gateway.config import parse_config
 
 PASSWORD = "hunter2-not-for-workers"
 

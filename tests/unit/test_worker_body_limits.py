@@ -1,11 +1,16 @@
 """What a worker lets through of a client's body: the admitted limits, the gateway's ids and salts,
-no engine-internal fields (``workers.body_limits``)."""
+no engine-internal fields (``fairgate.workers.body_limits``)."""
 
 from __future__ import annotations
 
 import pytest
-
-from workers.body_limits import ENGINE_INTERNAL_FIELDS, BodyRefused, admitted_body, choices_of, tenant_cache_salt
+from fairgate.workers.body_limits import (
+    ENGINE_INTERNAL_FIELDS,
+    BodyRefused,
+    admitted_body,
+    choices_of,
+    tenant_cache_salt,
+)
 
 
 def test_max_tokens_is_capped_at_the_admitted_budget_and_set_when_absent():

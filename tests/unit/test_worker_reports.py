@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from common.rpc import fairgate_pb2 as pb
-from workers.worker import _CLOSED, _merge_queued
+from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.workers.worker import _CLOSED, _merge_queued
 
 
 def report(started=(), tokens=(), finished=(), free=0, seconds=0.001) -> pb.WorkerMessage:

@@ -6,11 +6,10 @@ import json
 from collections import Counter
 
 import pytest
-
-from loadgen.trace import load_trace_csv, synthesize_arena_trace
-from loadgen.workload import WorkloadError
-from loadgen.workload_spec import load_workloads
-from loadgen.workloads import PRESETS, dist_shift, overload
+from fairgate.loadgen.trace import load_trace_csv, synthesize_arena_trace
+from fairgate.loadgen.workload import WorkloadError
+from fairgate.loadgen.workload_spec import load_workloads
+from fairgate.loadgen.workloads import PRESETS, dist_shift, overload
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,12 +1,13 @@
 """Engines as plug-ins: one sub-package per engine (``simulated``, ``vllm``), each registering an
-``EnginePlugin`` (``workers.engines.interface``). The rest of the gateway finds an engine by the name
+``EnginePlugin`` (``fairgate.workers.engines.interface``). The rest of the gateway finds an engine by the name
 in the configuration (``engine_for``) and never branches on which one it is. Adding an engine is one
 new sub-package here; importing this package imports none of the engines' heavy dependencies."""
 
 from __future__ import annotations
 
-from dispatcher.core.registry import Registry, discover
-from workers.engines.interface import EnginePlugin
+from fairgate.workers.engines.interface import EnginePlugin
+
+from fairgate.core.registry import Registry, discover
 
 ENGINES: Registry[type[EnginePlugin]] = Registry("engine")
 register = ENGINES.register

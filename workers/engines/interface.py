@@ -2,7 +2,7 @@
 through which the rest of the gateway learns what it needs of an engine (docs/architecture.md, "engines are
 plug-ins"). Nothing outside ``workers/`` branches on which engine it is: it asks the plug-in.
 
-- ``EngineRunner``: one engine behind a worker replica. The worker shell (``workers.worker``) owns the
+- ``EngineRunner``: one engine behind a worker replica. The worker shell (``fairgate.workers.worker``) owns the
   gRPC parts: it checks tickets, enforces what they admitted, relays the engine's response bytes to the
   ingress and sends one report per engine step to the dispatcher; a runner turns a request into a
   stream of deltas, calls ``on_step`` once per engine step with what that step did (a ``StepReport``),
@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from workers.engine_alone import engine_alone
+from fairgate.workers.engine_alone import engine_alone
 
 ASGIApp = Callable[
     [dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
@@ -86,7 +86,7 @@ class FinishedRequest:
 KVEvent = tuple[str, str, tuple[int, ...]]
 """What an engine's KV cache did, as vLLM publishes it: ("stored" | "removed" | "cleared", the medium
 ("GPU", "CPU": host memory, "SHARED": a store all engines share), the blocks' hashes, in the
-dispatcher's terms: the prompt block hashes it sent, ``common.prefix_hashes``)."""
+dispatcher's terms: the prompt block hashes it sent, ``fairgate.common.prefix_hashes``)."""
 
 
 @dataclass(slots=True)
@@ -183,7 +183,7 @@ Settings = dict[str, Any]  # an engine's validated settings, as plain data (they
 
 class EnginePlugin:
     """Everything the gateway needs to know of one engine; one subclass per engine sub-package,
-    registered with ``workers.engines.register``."""
+    registered with ``fairgate.workers.engines.register``."""
 
     name: ClassVar[str]
     serves_models: ClassVar[bool] = False  # the command line's --model picks an engine that does
@@ -233,7 +233,7 @@ class EnginePlugin:
     settings_section: ClassVar[str] = ""
     # the titles of the engine's own processes (its step loop and the model; none: it runs inside the
     # worker), for benchmarks that give them cores of their own, as a GPU host gives its engine a device
-    # and the cores that feed it (``loadgen.cpu_split``)
+    # and the cores that feed it (``fairgate.loadgen.cpu_split``)
     engine_process_titles: ClassVar[tuple[str, ...]] = ()
 
     def reference_server(
@@ -241,7 +241,7 @@ class EnginePlugin:
     ) -> contextlib.AbstractContextManager[str]:
         """The engine served alone on 127.0.0.1:``port``, as users run it without fairgate: what
         fairgate's answers and speed are compared with. A context manager yielding its ``.../v1`` URL;
-        by default this engine's own OpenAI layer under uvicorn (``workers.engine_server``)."""
+        by default this engine's own OpenAI layer under uvicorn (``fairgate.workers.engine_server``)."""
         return engine_alone(self.name, settings, served_model, port, log)
 
     def benchmark_settings(self, options: Mapping[str, Any]) -> tuple[Settings, str]:

@@ -2,9 +2,9 @@
 state machine with a step-time model calibrated from a profile), run in real time by the simulated
 worker (``runner``) and in virtual time by the simulator, with its own deterministic tokenizer."""
 
-from workers.engines.simulated.adapters import AdapterSettings
-from workers.engines.simulated.model import EngineRequest, SimulatedEngine
-from workers.engines.simulated.plugin import SimulatedPlugin
-from workers.engines.simulated.steptime import StepTimeModel
+from fairgate.workers.engines.simulated.adapters import AdapterSettings
+from fairgate.workers.engines.simulated.model import EngineRequest, SimulatedEngine
+from fairgate.workers.engines.simulated.plugin import SimulatedPlugin
+from fairgate.workers.engines.simulated.steptime import StepTimeModel
 
 __all__ = ["AdapterSettings", "EngineRequest", "SimulatedEngine", "SimulatedPlugin", "StepTimeModel"]

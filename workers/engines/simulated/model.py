@@ -46,10 +46,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from workers.engines.interface import FinishedRequest, KVEvent, StepReport
-from workers.engines.simulated.adapters import AdapterCache, AdapterSettings
-from workers.engines.simulated.steptime import StepTimeModel
-from workers.engines.simulated.tiers import MEDIUM_GPU, BlockTier
+from fairgate.workers.engines.interface import FinishedRequest, KVEvent, StepReport
+from fairgate.workers.engines.simulated.adapters import AdapterCache, AdapterSettings
+from fairgate.workers.engines.simulated.steptime import StepTimeModel
+from fairgate.workers.engines.simulated.tiers import MEDIUM_GPU, BlockTier
 
 
 @dataclass(slots=True)

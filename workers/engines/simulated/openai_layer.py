@@ -10,14 +10,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-
-from common.openai_errors import ApiError, parse_body
-from workers.engines.interface import Delta, GenerationParams, current_grant
-from workers.engines.simulated.prompts import SimulatedPrompts
-from workers.engines.simulated.protocol import ChatRequest, CompletionRequest
-from workers.engines.simulated.responses import (
+from fairgate.common.openai_errors import ApiError, parse_body
+from fairgate.workers.engines.interface import Delta, GenerationParams, current_grant
+from fairgate.workers.engines.simulated.prompts import SimulatedPrompts
+from fairgate.workers.engines.simulated.protocol import ChatRequest, CompletionRequest
+from fairgate.workers.engines.simulated.responses import (
     chat_chunk,
     completion_chunk,
     envelope,
@@ -26,6 +23,8 @@ from workers.engines.simulated.responses import (
     usage,
     whole_response,
 )
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 
 
 class StopScanner:

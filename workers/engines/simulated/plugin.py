@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.sections import validate_section
-from workers.engines import register
-from workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
-from workers.engines.simulated.settings import SimulatedSettings
+from fairgate.common.sections import validate_section
+from fairgate.workers.engines import register
+from fairgate.workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
+from fairgate.workers.engines.simulated.settings import SimulatedSettings
 
 
 @register
@@ -25,9 +25,9 @@ class SimulatedPlugin(EnginePlugin):
         return self.settings(settings)
 
     def runner(self, settings: Settings, served_model: str | None = None) -> EngineRunner:
-        from workers.engines.simulated.model import SimulatedEngine
-        from workers.engines.simulated.runner import SimulatedRunner
-        from workers.engines.simulated.steptime import StepTimeModel
+        from fairgate.workers.engines.simulated.model import SimulatedEngine
+        from fairgate.workers.engines.simulated.runner import SimulatedRunner
+        from fairgate.workers.engines.simulated.steptime import StepTimeModel
 
         s = SimulatedSettings.model_validate(settings)
         engine = SimulatedEngine(
@@ -44,7 +44,7 @@ class SimulatedPlugin(EnginePlugin):
         return SimulatedRunner(engine, served_model or "")
 
     def prompts(self, settings: Settings) -> PromptEstimator:
-        from workers.engines.simulated.prompts import SimulatedPrompts
+        from fairgate.workers.engines.simulated.prompts import SimulatedPrompts
 
         return SimulatedPrompts()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.engines.simulated.tokenizer import count_tokens, token_ids
+from fairgate.workers.engines.simulated.tokenizer import count_tokens, token_ids
 
 
 def message_text(content: Any) -> str:

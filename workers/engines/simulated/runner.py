@@ -10,11 +10,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
-from dispatcher.core.reasons import FINISH_REVOKED
-from workers.engines.interface import ASGIApp, Delta, GenerationParams, KVEvent, StepCallback, StepReport
-from workers.engines.simulated.model import EngineRequest, SimulatedEngine
-from workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
+from fairgate.common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
+from fairgate.workers.engines.interface import ASGIApp, Delta, GenerationParams, KVEvent, StepCallback, StepReport
+from fairgate.workers.engines.simulated.model import EngineRequest, SimulatedEngine
+from fairgate.workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
+
+from fairgate.core.reasons import FINISH_REVOKED
 
 CACHE_BLOCK_TOKENS = 16
 
@@ -27,7 +28,7 @@ class SimulatedRunner:
         self.engine = engine
         self.served_model = served_model
         # the engine's KV events name its own block hashes; the dispatcher's keys are the ingress's
-        # (``common.prefix_hashes``: the served model's name, a coarser stride, the group's salt): each
+        # (``fairgate.common.prefix_hashes``: the served model's name, a coarser stride, the group's salt): each
         # request's blocks that end a stride are mapped to those keys when it is added
         self._keys: dict[int, int] = {}
         self.stride = hash_block_tokens(engine.block_size)
@@ -67,7 +68,7 @@ class SimulatedRunner:
         return True
 
     async def openai_app(self) -> ASGIApp:
-        from workers.engines.simulated.openai_layer import build_openai_app
+        from fairgate.workers.engines.simulated.openai_layer import build_openai_app
 
         return build_openai_app(self)
 

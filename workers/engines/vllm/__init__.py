@@ -3,6 +3,6 @@
 ingress (``prompts``), the models the project builds itself (``local_models``) and the profiler.
 Importing this package does not import vLLM; only starting a runner does."""
 
-from workers.engines.vllm.plugin import VllmPlugin
+from fairgate.workers.engines.vllm.plugin import VllmPlugin
 
 __all__ = ["VllmPlugin"]

@@ -3,7 +3,7 @@
 vLLM publishes what its KV cache stores and evicts (``--kv-events-config``): stored blocks carry vLLM's
 own block hashes, their parent's hash, their token ids, the LoRA adapter and, on a prompt's first block,
 the request's cache salt; removed blocks carry only their hashes. The dispatcher keys blocks its own
-way (``common.prefix_hashes``): chained hashes over the served model's name and the prompt's tokens at
+way (``fairgate.common.prefix_hashes``): chained hashes over the served model's name and the prompt's tokens at
 a coarser stride (``hash_block_tokens``), salted by the tenant's cache group and its adapter. So this
 follows each of vLLM's chains from its root, hashing the tokens as the ingress does; a vLLM block that
 ends a stride is the dispatcher's key for the prompt up to there.
@@ -21,8 +21,8 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from common.prefix_hashes import for_adapter, hash_block_tokens, salted
-from workers.engines.interface import KVEvent
+from fairgate.common.prefix_hashes import for_adapter, hash_block_tokens, salted
+from fairgate.workers.engines.interface import KVEvent
 
 GPU = "GPU"
 MAX_SALTS = 100_000

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from workers.engines.interface import current_grant
+from fairgate.workers.engines.interface import current_grant
 
 
 class AccountedEngine:

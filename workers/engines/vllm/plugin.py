@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.engines import register
-from workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
-from workers.engines.vllm.settings import VllmSettings
+from fairgate.workers.engines import register
+from fairgate.workers.engines.interface import EnginePlugin, EngineRunner, PromptEstimator, Settings
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
 DEFAULT_KV_HINT = 10_000  # a replica's pool before the first one reports, when the config gives none
 
@@ -35,12 +35,12 @@ class VllmPlugin(EnginePlugin):
         return self.settings({**settings, "vllm": vllm})
 
     def runner(self, settings: Settings, served_model: str | None = None) -> EngineRunner:
-        from workers.engines.vllm.runner import VllmRunner
+        from fairgate.workers.engines.vllm.runner import VllmRunner
 
         return VllmRunner(VllmSettings.from_dict(settings["vllm"]), served_model)
 
     def prompts(self, settings: Settings) -> PromptEstimator:
-        from workers.engines.vllm.prompts import HuggingFacePrompts
+        from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
 
         return HuggingFacePrompts(VllmSettings.from_dict(settings["vllm"]).model_path())
 
@@ -66,7 +66,7 @@ class VllmPlugin(EnginePlugin):
     engine_process_titles = ("VLLM::EngineCore", "VLLM::Worker")  # the step loop, and the model's process
 
     def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):
-        from workers.engines.vllm.reference_server import vllm_server
+        from fairgate.workers.engines.vllm.reference_server import vllm_server
 
         return vllm_server(VllmSettings.from_dict(settings["vllm"]), served_model, port, log)
 

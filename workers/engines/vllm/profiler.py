@@ -15,9 +15,9 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from workers.engines.interface import GenerationParams
-from workers.engines.vllm.local_models import SPECIAL_TOKENS, VOCAB_SIZE
-from workers.engines.vllm.runner import VllmRunner
+from fairgate.workers.engines.interface import GenerationParams
+from fairgate.workers.engines.vllm.local_models import SPECIAL_TOKENS, VOCAB_SIZE
+from fairgate.workers.engines.vllm.runner import VllmRunner
 
 Profile = dict[str, dict[str, list[float]]]
 

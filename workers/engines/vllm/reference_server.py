@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-
-from common.processes import stop_group
-from workers.engines.vllm.settings import VllmSettings
+from fairgate.common.processes import stop_group
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
 
 @contextlib.contextmanager

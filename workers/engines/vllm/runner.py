@@ -21,9 +21,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.engines.interface import Delta, FinishedRequest, GenerationParams, KVEvent, StepCallback, StepReport
-from workers.engines.vllm.kv_event_keys import KvEventKeys
-from workers.engines.vllm.settings import VllmSettings
+from fairgate.workers.engines.interface import (
+    Delta,
+    FinishedRequest,
+    GenerationParams,
+    KVEvent,
+    StepCallback,
+    StepReport,
+)
+from fairgate.workers.engines.vllm.kv_event_keys import KvEventKeys
+from fairgate.workers.engines.vllm.settings import VllmSettings
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +184,7 @@ class VllmRunner:
             socket.close(linger=0)
 
     def _stat_logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
-        from workers.engines.vllm.step_logger import StepLogger
+        from fairgate.workers.engines.vllm.step_logger import StepLogger
 
         return StepLogger(self._on_engine_step)
 
@@ -341,7 +348,7 @@ class VllmRunner:
     async def openai_app(self) -> Any:
         """vLLM's own OpenAI server app over this engine (as ``vllm serve`` builds it, with the
         settings' ``serve_args``); its generations go through ``AccountedEngine``."""
-        from workers.engines.vllm.openai_layer import build_vllm_app
+        from fairgate.workers.engines.vllm.openai_layer import build_vllm_app
 
         return await build_vllm_app(self)
 

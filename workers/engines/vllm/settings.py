@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fairgate.common.sections import validate_section
+from fairgate.workers.engines.vllm.local_models import SHAPES, ensure_model
 from pydantic import BaseModel, ConfigDict, Field
-
-from common.sections import validate_section
-from workers.engines.vllm.local_models import SHAPES, ensure_model
 
 CPU_DEFAULT_KV_TOKENS = 8192
 

@@ -1,0 +1,27 @@
+"""Placement rules as plug-ins: which worker a request that fits several should start on.
+
+Placement is separate from fairness (docs/architecture.md): the policy picks *which request* goes next, the
+placement rule picks *where*, among the workers that can start it now. One module per rule in this
+package, a ``PlacementRule`` subclass decorated with ``@register``; ``make_placement(name)`` builds one,
+and every registered rule runs through the conformance suite.
+"""
+
+from __future__ import annotations
+
+from fairgate.core.placement.base import PLACEMENTS, PlacementRule, register
+from fairgate.core.registry import discover
+
+__all__ = ["PlacementRule", "make_placement", "placement_names", "register"]
+
+discover(__name__, __path__)
+
+
+def placement_names() -> list[str]:
+    return PLACEMENTS.names()
+
+
+def make_placement(name: str) -> PlacementRule:
+    cls = PLACEMENTS.get(str(name).strip().lower())
+    if cls is None:
+        raise ValueError(f"unknown placement {name!r} (expected one of: {', '.join(placement_names())})")
+    return cls()

@@ -1,0 +1,22 @@
+"""The default placement: the worker with the most room."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fairgate.core.model import Request
+from fairgate.core.placement.base import PlacementRule, most_room, register
+from fairgate.core.workers import WorkerSlot
+
+
+@register
+class MostRoom(PlacementRule):
+    """The most free KV room, then the fewest running requests, then the lowest id (deterministic).
+
+    Spreads load so that the next large request still finds room somewhere; blind to prefix caches.
+    """
+
+    name = "most-room"
+
+    def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
+        return min(fits, key=most_room)
