@@ -240,7 +240,7 @@ class Simulation:
             r = requests[self._next_arrival]
             rid = str(self._next_arrival)
             self._next_arrival += 1
-            classes = sched.classes
+            classes = sched.config.classes
             leaf = sched.class_leaf(r.tenant, r.klass).name if r.klass and classes else r.tenant
             if r.klass and not classes:  # flat (the policy has no tree): the class's leaf as a tenant
                 leaf = leaf_name(r.tenant, r.klass, default_class(self.workload.classes))

@@ -17,6 +17,7 @@ if [ "$light" = 1 ]; then
   bash scripts/setup.sh dev
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
+  .venv/bin/mypy  # strict on the pure core (pyproject.toml)
   NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
   FAIRGATE_HYPOTHESIS="${FAIRGATE_HYPOTHESIS:-quick}" exec .venv/bin/python -m pytest "$@"
 fi
@@ -36,6 +37,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # strict on the pure core (pyproject.toml)
 # the documentation site: a broken link, a missing anchor or a page left out of the navigation fails
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 exec .venv/bin/python -m pytest --durations=20 "$@"

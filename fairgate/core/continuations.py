@@ -9,13 +9,16 @@ extend it) are homed on its worker; the locality slack then looks at each worker
 beside the first few of each queue (``OutOfOrderPicks._local_pick``), and the prefix index says how
 much of the prefix is still there.
 
-A request's home is a field of it (``Request.home``, and when it was homed: ``home_seq``), so
-snapshots keep it; the registry by block is rebuilt from the queues, in the same order.
+A request's home is a field of it (``Request.home``, and when it was homed: ``home_seq``); a snapshot
+keeps each worker's homed requests in their order (the most recently homed is looked at first), and
+the registry by block is rebuilt from the queues (its order never matters: extensions are taken by
+their submission order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from fairgate.core.model import Request
 
@@ -77,13 +80,18 @@ class Continuations:
         homed = self.homes.get(worker_id)
         return reversed(homed.values()) if homed else iter(())
 
-    def rebuild(self, queues: Iterable[Iterable[Request]], next_homing: int = 1) -> None:
-        """From the queues (after a restore), and the next homing's number then."""
+    def snapshot(self) -> dict[str, Any]:
+        return {"homes": {worker: list(homed) for worker, homed in self.homes.items()}, "next_homing": self.next_homing}
+
+    def restore(self, data: Mapping[str, Any], waiting: Iterable[Request]) -> None:
+        """From ``snapshot`` and the requests waiting in the queues restored beside it."""
+        by_id = {req.id: req for req in waiting}
         self._by_block, self.homes = {}, {}
-        waiting = sorted((req for queue in queues for req in queue), key=lambda r: (r.home_seq, r.seq))
-        for req in waiting:
-            self.wait(req)
-        self.next_homing = max(next_homing, max((r.home_seq for r in waiting), default=0) + 1)
+        for req in by_id.values():
+            for h in req.prefix:
+                self._by_block.setdefault(h, {})[req.id] = req
+        self.homes = {worker: {rid: by_id[rid] for rid in ids} for worker, ids in data["homes"].items()}
+        self.next_homing = int(data["next_homing"])
 
     def _unhome(self, req: Request) -> None:
         if not req.home:

@@ -37,16 +37,20 @@ class LinearCost:
     w_c: float | None = None  # None: DEFAULT_CACHED_FRACTION * w_p
 
     def __post_init__(self) -> None:
-        if self.w_c is None:
-            object.__setattr__(self, "w_c", DEFAULT_CACHED_FRACTION * self.w_p)
-        if not 0 <= self.w_c <= self.w_p:  # type: ignore[operator]
-            raise ValueError(f"linear cost: w_c must be between 0 and w_p ({self.w_p:g}), got {self.w_c:g}")
+        object.__setattr__(self, "w_c", self.cached_weight)
+        if not 0 <= self.cached_weight <= self.w_p:
+            raise ValueError(f"linear cost: w_c must be between 0 and w_p ({self.w_p:g}), got {self.cached_weight:g}")
+
+    @property
+    def cached_weight(self) -> float:
+        """``w_c``, its default resolved."""
+        return DEFAULT_CACHED_FRACTION * self.w_p if self.w_c is None else self.w_c
 
     def total(self, n_p: int, n_q: int) -> float:
         return self.w_p * n_p + self.w_q * n_q
 
     def cached_discount(self, n_c: int) -> float:
-        return (self.w_p - self.w_c) * n_c  # type: ignore[operator]
+        return (self.w_p - self.cached_weight) * n_c
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "linear", "w_p": self.w_p, "w_q": self.w_q, "w_c": self.w_c}
@@ -112,8 +116,8 @@ def cost_from_spec(spec: dict[str, Any] | None) -> CostFunction:
         coeffs = spec.get("coeffs") or PAPER_PROFILE_COEFFS
         if len(coeffs) != 5:
             raise ValueError("profiled cost needs 5 coefficients (a, b, c, d, e)")
-        fraction = float(spec.get("cached_fraction", DEFAULT_CACHED_FRACTION))
-        return ProfiledCost(*(float(c) for c in coeffs), cached_fraction=fraction)
+        a, b, c, d, e = (float(x) for x in coeffs)
+        return ProfiledCost(a, b, c, d, e, float(spec.get("cached_fraction", DEFAULT_CACHED_FRACTION)))
     raise ValueError(f"unknown cost function kind {spec['kind']!r} (expected 'linear' or 'profiled')")
 
 

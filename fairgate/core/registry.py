@@ -9,9 +9,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Iterable
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
-T = TypeVar("T", bound=type)
+
+class Named(Protocol):
+    """A plug-in class: known by its name."""
+
+    name: ClassVar[str]
+
+
+T = TypeVar("T", bound=type[Named])
 
 
 class Registry(Generic[T]):
@@ -21,7 +28,7 @@ class Registry(Generic[T]):
 
     def register(self, cls: T) -> T:
         """Class decorator: make ``cls`` known by its ``name``."""
-        name = cls.name  # type: ignore[attr-defined]
+        name = cls.name
         if self._by_name.get(name, cls) is not cls:
             raise ValueError(f"two {self.kind}s are named {name!r}")
         self._by_name[name] = cls

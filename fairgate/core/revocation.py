@@ -1,6 +1,5 @@
 """Revocation by over-service: requests handed to an engine that has not started them, taken back for a
-tenant that waits while no capacity is free. A part of ``FairScheduler`` (docs/architecture.md,
-"Revocation").
+tenant that waits while no capacity is free (docs/architecture.md, "Revocation").
 
 Once the engines' queues are full, a request the dispatcher holds waits for every request queued ahead
 of it inside an engine, whoever sent them: fair order ends at the engine's door. With ``revoke`` set,
@@ -20,17 +19,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
+from fairgate.core.in_flight import InFlight
 from fairgate.core.model import Request, Tenant
-from fairgate.core.openings import running_steps_left, steps_to_start
+from fairgate.core.openings import BudgetUse, running_steps_left, steps_to_start
+from fairgate.core.tenant_book import TenantBook
 from fairgate.core.tree import SPARE, STRICT, TreeNode
-from fairgate.core.workers import WorkerSlot
+from fairgate.core.workers import WorkerSlot, WorkerTable
 
 BAND_ORDER = {STRICT: 0, SPARE: 2}  # served in this order; every other top-level member: the fair tree (1)
 
 
 class Revocation:
-    """Choosing what to take back, and settling what was taken back, for a ``FairScheduler``."""
+    """Choosing what to take back, the requests asked for and not answered yet, and the dispatch
+    charges held apart until their requests start (``enabled``: the ``revoke`` setting; without it
+    nothing is held and nothing taken back)."""
+
+    __slots__ = ("_book", "_budget", "_in_flight", "_workers", "enabled", "revoking")
+
+    def __init__(
+        self, enabled: bool, book: TenantBook, in_flight: InFlight, workers: WorkerTable, budget: BudgetUse
+    ) -> None:
+        self.enabled = enabled
+        self._book = book
+        self._in_flight = in_flight
+        self._workers = workers
+        self._budget = budget
+        self.revoking: dict[str, str] = {}  # request id -> worker: asked to take it back, no answer yet
 
     def revocations(self) -> list[tuple[str, str]]:
         """(request id, worker id) to take back now; called after ``assign``, so a tenant still waiting
@@ -41,7 +57,7 @@ class Revocation:
         request is ever taken back for one that was taken back for it). Only on the worker where the
         waiting request would start soonest (``soonest``), or on all for a tenant that waits for the
         first slot to open anywhere (``waits_for_a_slot``)."""
-        if not self.config.revoke or self.revoking or not self.state.in_flight:
+        if not self.enabled or self.revoking or not len(self._in_flight):
             return []
         chosen = self._for_the_stalled() or self._for_the_queued()
         for rid, wid in chosen:
@@ -52,11 +68,12 @@ class Revocation:
         """For the policy's next tenant, waiting in the dispatcher with nowhere to go: where it starts
         soonest once what it is owed there is taken back, or, when it has nothing in the engines, on
         every worker (it takes the first slot to open)."""
-        top = self.tree.pick()
-        if top is None or top[2] is self.tree.spare:
+        tree = self._book.tree
+        top = tree.pick()
+        if top is None or top[2] is tree.spare:
             return []
         _, waiting, _ = top
-        head = self.policy.next_request(waiting)
+        head = self._book.policy.next_request(waiting)
         if head.urgent:  # it has its own path past the engines' queues
             return []
         if self.waits_for_a_slot(waiting):
@@ -72,16 +89,17 @@ class Revocation:
         """Whether ``t``'s next request, if it starts nowhere now, waits here for the first batch slot to
         open on any engine rather than in one engine's queue: it has nothing in the engines while others
         do (the queues hold what VTC would serve after it, taken back for it)."""
-        return t.in_flight == 0 and bool(self.state.in_flight)
+        return t.in_flight == 0 and bool(len(self._in_flight))
 
     def place_or_wait(self, waiting: Tenant, req: Request) -> WorkerSlot | None:
         """Where ``req`` of ``waiting`` goes when its placement would queue it in an engine: a worker
         that starts it now if there is one, else the queue it starts soonest in, if that queue has room;
         None: it waits here (for the first slot to open, or until what it is owed in the queue it starts
         soonest in is taken back)."""
-        now = [w for w in self.workers.fits(req.need, req.footprint or req.need, req.adapter) if w.starts_now(req.need)]
+        workers = self._workers
+        now = [w for w in workers.fits(req.need, req.footprint or req.need, req.adapter) if w.starts_now(req.need)]
         if now:
-            return now[0] if len(now) == 1 else self.workers.placement.choose(now, req)
+            return now[0] if len(now) == 1 else workers.placement.choose(now, req)
         if self.waits_for_a_slot(waiting):
             return None
         found = self.soonest(waiting, req)
@@ -94,10 +112,10 @@ class Revocation:
         back there (after it is placed, for one in a queue with room), and whether its queue has room
         now. None: nowhere."""
         queues = self._unstarted_by_worker()
-        fits = {w.id for w in self.workers.fits(req.need, req.footprint or req.need, req.adapter)}
-        left = running_steps_left(self.state.in_flight.values(), self.budget)
+        fits = {w.id for w in self._workers.fits(req.need, req.footprint or req.need, req.adapter)}
+        left = running_steps_left(self._in_flight, self._budget)
         best: tuple[tuple[float, int, int, str], WorkerSlot, list[str]] | None = None
-        for slot in self.workers.taking_work:
+        for slot in self._workers.taking_work:
             if not slot.adapter_fits(req.adapter):
                 continue
             by_tenant = queues.get(slot.id, {})
@@ -105,7 +123,7 @@ class Revocation:
             if not taken and slot.id not in fits:
                 continue
             ahead = sum(len(reqs) for reqs in by_tenant.values()) - len(taken)
-            key = (steps_to_start(slot, left.get(slot.id, ()), ahead), ahead, len(taken), slot.id)
+            key = (steps_to_start(slot, left.get(slot.id, []), ahead), ahead, len(taken), slot.id)
             if best is None or key < best[0]:
                 best = (key, slot, taken)
         return None if best is None else (best[1], best[2], best[1].id in fits)
@@ -113,7 +131,7 @@ class Revocation:
     def _unstarted_by_worker(self) -> dict[str, dict[str, list[Request]]]:
         """worker -> tenant -> its requests that worker holds unstarted."""
         queues: dict[str, dict[str, list[Request]]] = {}
-        for req in self.state.in_flight.values():
+        for req in self._in_flight:
             if not req.started and req.worker is not None:
                 queues.setdefault(req.worker, {}).setdefault(req.tenant, []).append(req)
         return queues
@@ -121,7 +139,8 @@ class Revocation:
     def _owed(self, by_tenant: Mapping[str, list[Request]], waiting: Tenant) -> list[str]:
         """Of the unstarted requests one worker holds (per tenant), those VTC would serve after
         ``waiting``'s next."""
-        return [rid for name, reqs in by_tenant.items() for rid in self._taken_from(self.tenants[name], reqs, waiting)]
+        tenants = self._book.tenants
+        return [rid for name, reqs in by_tenant.items() for rid in self._taken_from(tenants[name], reqs, waiting)]
 
     def _for_the_queued(self) -> list[tuple[str, str]]:
         """For a request already in an engine's queue behind others' unstarted requests (an engine
@@ -129,21 +148,22 @@ class Revocation:
         on the first worker where there are any, for the first such request in its queue."""
         queues: dict[str, list[Request]] = {}
         unstarted: dict[str, list[Request]] = {}
-        for req in self.state.in_flight.values():
+        tenants = self._book.tenants
+        for req in self._in_flight:
             if not req.started and req.worker is not None:
                 queues.setdefault(req.worker, []).append(req)
                 unstarted.setdefault(req.tenant, []).append(req)
         for worker in sorted(queues):
             order = sorted(queues[worker], key=lambda r: r.handed)
             for i, behind in enumerate(order[1:], start=1):
-                waiting = self.tenants.get(behind.tenant)
+                waiting = tenants.get(behind.tenant)
                 if waiting is None or behind.urgent:
                     continue
                 ahead = {r.id for r in order[:i]}
                 taken = [
                     rid
                     for name in dict.fromkeys(r.tenant for r in order[:i])
-                    for rid in self._taken_from(self.tenants[name], unstarted[name], waiting, behind, ahead)
+                    for rid in self._taken_from(tenants[name], unstarted[name], waiting, behind, ahead)
                 ]
                 if taken:
                     return [(rid, worker) for rid in taken]
@@ -191,46 +211,59 @@ class Revocation:
         return out
 
     def settle_revoked(self, request_id: str) -> bool:
-        """Its worker took ``request_id`` back before its engine started it: it waits again at the head of
-        its tenant's queue, its dispatch charge refunded (one asked for before a restart too: the worker
-        never runs it). False when it is not in flight here or has started (a stray answer: it runs,
-        nothing changes)."""
-        req = self.state.in_flight.get(request_id)
+        """Its worker took ``request_id`` back before its engine started it: True when it is to wait
+        again at the head of its tenant's queue, its dispatch charge refunded (one asked for before a
+        restart too: the worker never runs it; counted as a revocation, whoever asked for it). False
+        when it is not in flight here or has started (a stray answer: it runs, nothing changes)."""
+        req = self._in_flight.get(request_id)
         if req is None or req.started:
-            self.revocation_answered(request_id)
+            self.answered(request_id)
             return False
-        self.revoking[request_id] = req.worker or ""  # a revocation, whoever asked for it: counted
-        slot = self.workers.get(req.worker or "")
+        self.revoking[request_id] = req.worker or ""
+        slot = self._workers.get(req.worker or "")
         if slot is not None and slot.waiting > 0:  # its engine holds one fewer (an idle one reports no more)
             slot.waiting -= 1
-        return self.requeue(request_id)
+        return True
 
-    def revocation_answered(self, request_id: str, refused: bool = False) -> None:
+    def taken_back(self, request_id: str) -> bool:
+        """Whether ``request_id``, put back in its queue now, had been asked for (its caller may ask
+        before its worker says); it is no longer out either way."""
+        return self.revoking.pop(request_id, None) is not None
+
+    def answered(self, request_id: str, refused: bool = False) -> None:
         """``request_id`` started or ended otherwise: it is no longer out to be taken back. ``refused``:
         its engine would not give it back, so it has begun there (it left its engine's queue for its
         batch); it is not asked for again."""
         if self.revoking:
             self.revoking.pop(request_id, None)
-        req = self.state.in_flight.get(request_id) if refused else None
+        req = self._in_flight.get(request_id) if refused else None
         if req is not None and not req.started:
             req.refused = True
-            slot = self.workers.get(req.worker or "")
+            slot = self._workers.get(req.worker or "")
             if slot is not None:
                 slot.beyond -= req.beyond_room
             req.beyond_room = False
 
-    def _hold(self, t: Tenant, req: Request, counter_before: float) -> None:
+    def hold(self, t: Tenant, req: Request, counter_before: float) -> None:
         """What ``req``'s dispatch charged ``t`` is held apart until it starts: a tenant that comes back
         is lifted to the service the least served one has begun to get, not to what engines hold for it."""
+        if not self.enabled:
+            return
         req.held = (t.counter - counter_before) * t.weight
-        _move_held(req, self.tenants, self.tree.nodes, 1.0)
+        _move_held(req, self._book.tenants, self._book.tree.nodes, 1.0)
 
-    def _unhold(self, req: Request) -> None:
+    def unhold(self, req: Request) -> None:
         """``req`` started, went back to its queue or ended: it is no longer held (nor out to be taken back)."""
-        self.revocation_answered(req.id)
+        self.answered(req.id)
         if req.held:
-            _move_held(req, self.tenants, self.tree.nodes, -1.0)
+            _move_held(req, self._book.tenants, self._book.tree.nodes, -1.0)
             req.held = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"revoking": dict(self.revoking)}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        self.revoking = {str(rid): str(worker) for rid, worker in data["revoking"].items()}
 
 
 def _move_held(req: Request, tenants: Mapping[str, Tenant], nodes: Mapping[str, TreeNode], sign: float) -> None:

@@ -1,19 +1,101 @@
-"""Settlement: what each engine step reports (starts with their exact prompt and cached counts, tokens
-generated, free KV) charged to the tenants through the ledger, and a finished request's books closed
-(an unused prediction refunded, a dispatch that produced nothing undone, its worker's room given
-back). A part of ``FairScheduler``, kept apart because it is the path of the engines' reports, not of
-decisions."""
+"""Settlement: the charges of a request from its dispatch to its end. What each engine step reports
+(starts with their exact prompt and cached counts, tokens generated, free KV) is charged to the
+tenants through the ledger, and a finished request's books are closed (an unused prediction refunded, a
+dispatch that produced nothing undone, its worker's room given back). Kept apart because it is the
+path of the engines' reports, not of decisions."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from fairgate.core.in_flight import InFlight
+from fairgate.core.ledger import Ledger
 from fairgate.core.model import Request, Tenant
-from fairgate.core.reasons import FINISH_REVOKED
+from fairgate.core.objectives import Objectives
+from fairgate.core.openings import BudgetUse
+from fairgate.core.policies import FairnessPolicy
+from fairgate.core.predictors import MovingAveragePredictor
+from fairgate.core.prefix_index import PrefixIndex
+from fairgate.core.quota_gate import QuotaGate
+from fairgate.core.revocation import Revocation
+from fairgate.core.tenant_book import TenantBook
+from fairgate.core.workers import WorkerSlot, WorkerTable
+
+FOOTPRINT_HEADROOM = 1.5  # a footprint covers half as much again as the tenant's recent mean output
 
 
 class Settlement:
-    """Reports and finishes of a ``FairScheduler``."""
+    """Charges at dispatch, per engine step and at the end; what finished requests teach (their
+    tenants' usual output and share of ``max_tokens`` used)."""
+
+    __slots__ = (
+        "_book",
+        "_in_flight",
+        "_objectives",
+        "_policy",
+        "_prefixes",
+        "_quotas",
+        "_revocation",
+        "_workers",
+        "budget",
+        "ledger",
+        "lengths",
+    )
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        book: TenantBook,
+        in_flight: InFlight,
+        workers: WorkerTable,
+        prefixes: PrefixIndex,
+        revocation: Revocation,
+        objectives: Objectives,
+        quotas: QuotaGate,
+        lengths: MovingAveragePredictor,
+        budget: BudgetUse,
+    ) -> None:
+        self.ledger = ledger
+        self._book = book
+        self._policy: FairnessPolicy = book.policy
+        self._in_flight = in_flight
+        self._workers = workers
+        self._prefixes = prefixes
+        self._revocation = revocation
+        self._objectives = objectives
+        self._quotas = quotas
+        self.lengths = lengths  # what each tenant's requests generate: their footprints
+        self.budget = budget  # how much of their max_tokens they use: when running ones end
+
+    # ------------------------------------------------------------------ dispatch
+
+    def charge_dispatch(self, t: Tenant, req: Request, slot: WorkerSlot) -> float:
+        """Charge ``req``'s dispatch to ``slot``: its prompt (less what ``slot`` is expected to hold of it
+        in its prefix cache) and the output the policy charges ahead. Returns ``t``'s counter before."""
+        predicted = self._policy.predict(t, req)  # output charged ahead, with the prompt
+        counter_before = t.counter
+        n_p = req.prompt_tokens
+        self.ledger.account(t, (None, (n_p, 0)), (None, (n_p, predicted)) if predicted else None)
+        req.predicted = req.charged_output = predicted
+        req.weight = t.weight
+        req.path = tuple((node.name, node.weight) for node in t.ancestors)  # where refunds go back to
+        if req.prefix:
+            expected = self._prefixes.expected_tokens(slot.id, req.prefix, req.block_tokens)
+            req.cached = cacheable(expected, n_p)
+            self.ledger.account_cached(t, 0, req.cached, t.weight)
+            self._prefixes.dispatched(slot.id, req.prefix, req.block_tokens)
+        return counter_before
+
+    def footprint(self, req: Request) -> int:
+        """The KV ``req`` is expected to reach: its prompt and its tenant's usual output, at least what
+        its requests in flight already reached."""
+        guess = self.lengths.predict(req.tenant, req.max_tokens, None)  # 0: nothing known yet
+        output = min(req.max_tokens, math.ceil(guess * FOOTPRINT_HEADROOM)) if guess else req.max_tokens
+        return req.prompt_tokens + min(req.max_tokens, max(output, self._book.tenants[req.tenant].outgrown))
+
+    # ------------------------------------------------------------------ engine steps
 
     def on_report(
         self,
@@ -30,20 +112,16 @@ class Settlement:
         host_adapters: tuple[str, ...] | None = None,
         kv_events: Sequence[tuple[str, str, Sequence[int]]] | None = None,
     ) -> None:
-        """One engine step of one worker: requests started (exact prompt tokens, and ``cached``: how
-        many of them the engine found in its prefix cache) and tokens generated; ``now``: when it was
-        received (first tokens are timed: objectives and their predictions); ``adapters``,
-        ``host_adapters``: the LoRA adapters loaded on its GPU and in its host memory (None: unsaid);
-        ``kv_events``: what its KV cache stored and evicted (``PrefixIndex.apply_events``)."""
+        """One engine step of one worker (``FairScheduler.on_report``)."""
         if kv_events:
-            self.prefixes.apply_events(worker_id, kv_events)
-        in_flight = self.state.in_flight
+            self._prefixes.apply_events(worker_id, kv_events)
+        in_flight = self._in_flight
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
                 if req is not None and not req.started:
                     self._mark_started(req, prompt_tokens, None if cached is None else cached.get(rid))
-        tenants, ledger = self.tenants, self.ledger
+        tenants, ledger = self._book.tenants, self.ledger
         for rid, k in new_tokens.items():
             req = in_flight.get(rid)
             if req is None or k <= 0:
@@ -55,7 +133,7 @@ class Settlement:
             n_p, old, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             new = old + k
             if old == 0 and now is not None:
-                self._first_output(req, now)
+                self._objectives.first_output(req, now)
             if n_p + new > req.footprint:  # it outgrew what was expected of it
                 self._outgrow(req, t, n_p + new)
             if charged == old:  # nothing charged ahead: the counter moves with the service
@@ -65,7 +143,7 @@ class Settlement:
             reached = new if new > charged else charged  # tokens within a prediction were charged ahead
             ledger.account(t, ((n_p, old), (n_p, new)), ((n_p, charged), (n_p, reached)))
             req.output_tokens, req.charged_output = new, reached
-        slot = self.workers.slots.get(worker_id)
+        slot = self._workers.get(worker_id)
         if slot is not None:
             if free_tokens is not None:
                 slot.free_tokens = free_tokens
@@ -79,46 +157,16 @@ class Settlement:
             if host_adapters is not None:
                 slot.host_adapters = host_adapters
 
-    def on_finish(self, request_id: str, output_tokens: int, reason: str, now: float) -> Request | None:
-        """A request ended on its worker: settle its charges and free its reservation. One its worker
-        took back unstarted (``revoked``) waits again instead (``settle_revoked``): None."""
-        if reason == FINISH_REVOKED:  # it did not end: it waits again (or, started, it runs on)
-            self.settle_revoked(request_id)
-            return None
-        self.revocation_answered(request_id)
-        req = self.state.in_flight.get(request_id)
-        if req is None:
-            return None
-        self._unhold(req)
+    def report_total(self, req: Request, output_tokens: int) -> None:
+        """``req`` is known to have generated ``output_tokens`` in all: the tokens not reported yet are."""
         if output_tokens > req.output_tokens:
-            self.on_report(req.worker or "", {request_id: output_tokens - req.output_tokens})
-        del self.state.in_flight[request_id]
-        t = self.tenants[req.tenant]
-        before = self._key_if_waiting(t)
-        if not req.started and req.output_tokens == 0:
-            self._refund_dispatch(t, req)
-            self.quotas.release(request_id)
-        else:
-            self._settle_prediction(t, req)
-            used = self._used(req.prompt_tokens, req.cached, req.output_tokens)
-            self.quotas.settle(request_id, used, self.quota_names(t), now)
-        self._release(req)
-        t.in_flight -= 1
-        t.finished += 1
-        if not t.in_flight:
-            t.outgrown = 0
-        self._rekey_if_lower(t, before)
-        if req.started:  # an aborted request teaches too: what it generated is what it used
-            self.policy.observe(req.tenant, req.output_tokens)
-            self.lengths.observe(req.tenant, req.output_tokens)
-            self.budget.observe(req.tenant, req.output_tokens, req.max_tokens)
-        return req
+            self.on_report(req.worker or "", {req.id: output_tokens - req.output_tokens})
 
     def _outgrow(self, req: Request, t: Tenant, reached: int) -> None:
         """A request in flight went past its footprint: its worker's expected KV grows with it, and the
         tenant's next requests are expected to reach at least as far (a tenant teaching the estimate
         short outputs, then sending long ones, is caught as they run, not when they end)."""
-        slot = self.workers.slots.get(req.worker or "")
+        slot = self._workers.get(req.worker or "")
         if slot is not None:
             slot.expected += reached - req.footprint
         req.footprint = reached
@@ -126,68 +174,83 @@ class Settlement:
 
     def _mark_started(self, req: Request, prompt_tokens: int, cached: int | None = None) -> None:
         req.started = True
-        self._unhold(req)
-        slot = self.workers.slots.get(req.worker or "")
+        self._revocation.unhold(req)
+        slot = self._workers.get(req.worker or "")
         if cached is not None:
             self._correct_cached(req, cacheable(cached, prompt_tokens))
-        t = self.tenants[req.tenant]
+        t = self._book.tenants[req.tenant]
         t.prompt_tokens += prompt_tokens
         t.cached_tokens += req.cached
-        if slot is not None:
-            slot.prompt_tokens += prompt_tokens
-            slot.cached_tokens += req.cached
-        if prompt_tokens != req.prompt_tokens:  # the engine's exact count replaces the estimate
-            t = self.tenants[req.tenant]
-            before = self._key_if_waiting(t)
+        grew = prompt_tokens - req.prompt_tokens
+        if grew:  # the engine's exact count replaces the estimate
+            before = self._book.key_if_waiting(t)
             old, out, charged = req.prompt_tokens, req.output_tokens, req.charged_output
             move = ((old, out), (prompt_tokens, out)), ((old, charged), (prompt_tokens, charged))
             self.ledger.account(t, *move, req.weight, req.path)
-            delta = prompt_tokens - old
             req.prompt_tokens = prompt_tokens
-            req.need += delta
-            if slot is not None:
-                slot.committed += delta
-                slot.pending_tokens += delta
-            self._rekey_if_lower(t, before)
+            req.need += grew
+            self._book.rekey_if_lower(t, before)
         if slot is not None:
-            slot.pending_count -= 1
-            slot.pending_tokens -= req.need
-            slot.beyond -= req.beyond_room
+            slot.started(req, prompt_tokens, grew)
         req.beyond_room = False
 
     def _correct_cached(self, req: Request, exact: int) -> None:
         """The engine's exact cached count replaces the expectation (in the charge and the index)."""
         if req.prefix and req.worker:
-            self.prefixes.observed(req.worker, req.cached, exact, req.block_tokens)
+            self._prefixes.observed(req.worker, req.cached, exact, req.block_tokens)
         if exact != req.cached:
-            t = self.tenants[req.tenant]
-            before = self._key_if_waiting(t)
+            t = self._book.tenants[req.tenant]
+            before = self._book.key_if_waiting(t)
             self.ledger.account_cached(t, req.cached, exact, req.weight, req.path)
             req.cached = exact
-            self._rekey_if_lower(t, before)
+            self._book.rekey_if_lower(t, before)
 
-    def _release(self, req: Request) -> None:
-        slot = self.workers.get(req.worker or "")
-        if slot is None:
-            return
-        slot.committed -= req.need
-        slot.expected -= req.footprint
-        slot.in_flight -= 1
-        slot.hold_adapter(req.adapter, -1)
-        if not req.started:
-            slot.pending_count -= 1
-            slot.pending_tokens -= req.need
-            slot.beyond -= req.beyond_room
-            req.beyond_room = False
+    # ------------------------------------------------------------------ ends
 
-    def _refund_dispatch(self, t: Tenant, req: Request) -> None:
+    def finish(self, request_id: str, output_tokens: int, now: float) -> Request | None:
+        """A request ended on its worker with ``output_tokens``: settle its charges, free what it held
+        there and learn from it. None: not in flight here."""
+        self._revocation.answered(request_id)
+        req = self._in_flight.get(request_id)
+        if req is None:
+            return None
+        self._revocation.unhold(req)
+        self.report_total(req, output_tokens)
+        self._in_flight.remove(request_id)
+        t = self._book.tenants[req.tenant]
+        before = self._book.key_if_waiting(t)
+        if not req.started and req.output_tokens == 0:
+            self.refund_dispatch(t, req)
+            self._quotas.release(request_id)
+        else:
+            self.settle_prediction(t, req)
+            self._quotas.settle(req, t, now)
+        self.release(req)
+        t.in_flight -= 1
+        t.finished += 1
+        if not t.in_flight:
+            t.outgrown = 0
+        self._book.rekey_if_lower(t, before)
+        if req.started:  # an aborted request teaches too: what it generated is what it used
+            self._policy.observe(req.tenant, req.output_tokens)
+            self.lengths.observe(req.tenant, req.output_tokens)
+            self.budget.observe(req.tenant, req.output_tokens, req.max_tokens)
+        return req
+
+    def release(self, req: Request) -> None:
+        """What ``req`` held on its worker is free again."""
+        slot = self._workers.get(req.worker or "")
+        if slot is not None:
+            slot.released(req)
+
+    def refund_dispatch(self, t: Tenant, req: Request) -> None:
         """Undo a dispatch that produced nothing: the request was never served (the caller re-keys)."""
         n_p = req.prompt_tokens
         self.ledger.account(t, ((n_p, 0), None), ((n_p, req.charged_output), None), req.weight, req.path)
         self.ledger.account_cached(t, req.cached, 0, req.weight, req.path)
         req.cached = 0
 
-    def _settle_prediction(self, t: Tenant, req: Request) -> None:
+    def settle_prediction(self, t: Tenant, req: Request) -> None:
         """A request that ends (or is lost) short of its prediction gets the unused part back, at the
         weight it was charged at (its dispatch)."""
         if req.charged_output > req.output_tokens:
@@ -195,6 +258,16 @@ class Settlement:
             charged = ((req.prompt_tokens, req.charged_output), served)
             self.ledger.account(t, (served, served), charged, req.weight, req.path)
             req.charged_output = req.output_tokens
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"served": self.ledger.total, "lengths": self.lengths.snapshot(), "budget": self.budget.snapshot()}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        self.ledger.total = float(data["served"])
+        self.lengths.restore(dict(data["lengths"]))
+        self.budget.restore(dict(data["budget"]))
 
 
 def cacheable(cached: int, prompt_tokens: int) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fairgate.core.model import Tenant
@@ -54,7 +55,7 @@ class TreeNode:
     implicit: bool = False  # a tenant's own node, holding its request classes
     unstarted: float = 0.0  # of ``counter``, charged for requests engines hold unstarted (kept under revoke)
     kids: dict[str, Tenant | TreeNode] = field(default_factory=dict)
-    waiting: WaitingSet | None = None
+    waiting: WaitingSet = field(default_factory=lambda: WaitingSet(_unkeyed))  # keyed by the tree that holds it
     last_left: str | None = None
 
     def row(self) -> dict[str, Any]:
@@ -72,6 +73,11 @@ class TreeNode:
 
 Member = Tenant | TreeNode
 Rejoin = Callable[[Any, Callable[[], Any]], None]
+
+
+def _unkeyed(name: str) -> float:
+    """The key of a node's waiting set before a tree keys it (a copy's, e.g. in a durable state, never asks)."""
+    raise LookupError(f"{name!r}: a tree node outside a tree has no waiting set")
 
 
 class TenantTree:
@@ -207,11 +213,11 @@ class TenantTree:
             self.join(member, lift=False, lift_above=True)
 
     def leaves(self, member: Member) -> Iterator[Tenant]:
-        if type(member) is TreeNode:
+        if isinstance(member, TreeNode):
             for kid in member.kids.values():
                 yield from self.leaves(kid)
         else:
-            yield member  # type: ignore[misc]
+            yield member
 
     # ------------------------------------------------------------------ waiting work
 
@@ -223,10 +229,10 @@ class TenantTree:
         with it (default: as ``lift``; a moved member's new ancestors are lifted, it is not)."""
         node, lift_nodes = self.parent_of(member), lift if lift_above is None else lift_above
         while True:
-            joined_before = len(node.waiting) > 0  # type: ignore[arg-type]
+            joined_before = len(node.waiting) > 0
             if lift:
-                self._rejoin(member, lambda n=node: self._floor(n))
-            node.waiting.push(member.name, self._key_in(member))  # type: ignore[union-attr]
+                self._rejoin(member, partial(self._floor, node))
+            node.waiting.push(member.name, self.key_in(member))
             if joined_before or node in self.bands:
                 return
             member, node = node, self.parent_of(node)
@@ -238,7 +244,7 @@ class TenantTree:
         parent has no other waiting child. ``at_top``: ``t`` is its parent's peek."""
         node = self.parent_of(t)
         if at_top:
-            node.waiting.pop_top(t.name)  # type: ignore[union-attr]
+            node.waiting.pop_top(t.name)
             node.last_left = t.name
             self._cascade(node)
         else:
@@ -248,18 +254,18 @@ class TenantTree:
         """The leaf served next: the strict band first, then down the fair tree taking the smallest
         child at each level, then the spare band. Returns (its key, the tenant, its parent) or None when
         no one waits."""
-        node = next((band for band in self.bands if len(band.waiting)), self.root)  # type: ignore[arg-type]
+        node = next((band for band in self.bands if len(band.waiting)), self.root)
         while True:
-            top = node.waiting.peek()  # type: ignore[union-attr]
+            top = node.waiting.peek()
             if top is None:
                 return None
             member = node.kids[top[1]]
-            if type(member) is not TreeNode:
-                return top[0], member, node  # type: ignore[return-value]
+            if not isinstance(member, TreeNode):
+                return top[0], member, node
             node = member
 
     def any_waiting(self) -> bool:
-        return any(len(band.waiting) for band in self.bands)  # type: ignore[arg-type]
+        return any(len(band.waiting) for band in self.bands)
 
     def rekey_ancestors(self, t: Tenant) -> None:
         """Counters above ``t`` may have gone down (a refund, a correction): re-key them where they wait
@@ -272,31 +278,36 @@ class TenantTree:
     def snapshot(self) -> dict[str, Any]:
         every = [*self.bands, *self.nodes.values()]
         return {
-            "nodes": [n.row() for n in self.snapshot_order()],
-            "waiting": {n.name: [[m, tie] for m, tie in n.waiting.entries()] for n in every},  # type: ignore[union-attr]
-            "ties": {n.name: n.waiting.next_tie for n in every},  # type: ignore[union-attr]
+            "nodes": [n.row() for n in self.nodes.values()],  # in their order here (restored parents first)
+            "waiting": {n.name: [[m, tie] for m, tie in n.waiting.entries()] for n in every},
+            "ties": {n.name: n.waiting.next_tie for n in every},
             "last_left": {n.name: n.last_left for n in every if n.last_left is not None},
             "resumed": sorted(self.resumed),
         }
 
-    def restore_nodes(self, rows: list[Mapping[str, Any]]) -> None:
-        """Re-create nodes (parents first) with their counters; tenants are attached afterwards."""
-        for row in rows:
-            name, parent, implicit = str(row["name"]), str(row.get("parent", ROOT)), bool(row.get("implicit"))
-            node = self.set_node(name, parent, float(row["weight"]), implicit)
+    def restore_nodes(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Re-create nodes with their counters, parents first, then in the order the rows give them;
+        tenants are attached afterwards."""
+        given = {str(row["name"]): row for row in rows}
+        parents = {name: (str(row.get("parent", ROOT)), float(row["weight"])) for name, row in given.items()}
+        for name, parent, weight in parents_first(parents):
+            row = given[name]
+            node = self.set_node(name, parent, weight, bool(row.get("implicit")))
             node.counter, node.service, node.lifted = float(row["counter"]), float(row["service"]), float(row["lifted"])
             node.unstarted = float(row.get("unstarted", 0.0))
+        for node in [self.nodes.pop(name) for name in given]:  # in place: the ledger holds this mapping
+            self.nodes[node.name] = node
 
     def restore_waiting(self, data: Mapping[str, Any]) -> None:
         for name, entries in data["waiting"].items():
             node = self.node(name)
-            node.waiting.load([(m, int(tie)) for m, tie in entries], int(data["ties"][name]))  # type: ignore[union-attr]
+            node.waiting.load([(m, int(tie)) for m, tie in entries], int(data["ties"][name]))
         for name, left in data.get("last_left", {}).items():
             self.node(name).last_left = left
         self.resumed = set(data.get("resumed", ()))
 
     def waiting_nodes(self) -> list[str]:
-        return [n.name for n in self.nodes.values() if len(n.waiting)]  # type: ignore[arg-type]
+        return [n.name for n in self.nodes.values() if len(n.waiting)]
 
     # ------------------------------------------------------------------ internals
 
@@ -337,31 +348,31 @@ class TenantTree:
         if node.waiting is not None and node.waiting.key_of is self._leaf_key:
             node.waiting.key_of = self._member_key(node)
 
-    def _key_in(self, member: Member) -> float:
+    def key_in(self, member: Member) -> float:
         return member.counter if type(member) is TreeNode else self._leaf_key(member.name)
 
     def _is_waiting(self, member: Member) -> bool:
-        return member.name in self.parent_of(member).waiting  # type: ignore[operator]
+        return member.name in self.parent_of(member).waiting
 
     def _leave_from(self, member: Member, node: TreeNode) -> None:
-        node.waiting.remove(member.name)  # type: ignore[union-attr]
+        node.waiting.remove(member.name)
         node.last_left = member.name
         self._cascade(node)
 
     def _cascade(self, node: TreeNode) -> None:
-        while not len(node.waiting) and node not in self.bands:  # type: ignore[arg-type]
+        while not len(node.waiting) and node not in self.bands:
             above = self.parent_of(node)
-            above.waiting.remove(node.name)  # type: ignore[union-attr]
+            above.waiting.remove(node.name)
             above.last_left = node.name
             node = above
 
     def _rekey(self, node: TreeNode) -> None:
-        if len(node.waiting):  # type: ignore[arg-type]
-            self.parent_of(node).waiting.push(node.name, node.counter)  # type: ignore[union-attr]
+        if len(node.waiting):
+            self.parent_of(node).waiting.push(node.name, node.counter)
 
     def _floor(self, node: TreeNode) -> Any:
         """The lift's floor among ``node``'s children: the least-served waiting one, or the last to leave."""
-        top = node.waiting.peek()  # type: ignore[union-attr]
+        top = node.waiting.peek()
         if top is not None:
             return node.kids[top[1]]
         return None if node.last_left is None else node.kids.get(node.last_left)

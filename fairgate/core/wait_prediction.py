@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 RATE_WINDOW_S = 10.0  # the pool's rates: over this many seconds of samples
@@ -41,9 +41,15 @@ class RateMeter:
         samples = self._samples
         if samples and now <= samples[-1][0]:
             return
-        samples.append((now, total))
+        samples.append((now, float(total)))
         while len(samples) > 2 and samples[1][0] <= now - self._window_s:
             samples.popleft()
+
+    def snapshot(self) -> list[list[float]]:
+        return [list(sample) for sample in self._samples]
+
+    def restore(self, rows: list[list[float]]) -> None:
+        self._samples = deque((float(at), float(total)) for at, total in rows)
 
     def per_second(self) -> float | None:
         """None until two samples a second apart, or when nothing moved over the window."""
@@ -179,3 +185,24 @@ class WaitPredictor:
 
     def views(self) -> Mapping[str, dict[str, Any]]:
         return {name: r.view() for name, r in self.records.items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate.snapshot(),
+            "dispatch_rate": self.dispatch_rate.snapshot(),
+            "dispatched": self.dispatched,
+            "first_token_delay_s": self.first_token_delay_s,
+            "records": {name: asdict(r) for name, r in self.records.items()},
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """From ``snapshot``, on a predictor whose classes were added (their objectives are settings)."""
+        self.rate.restore(data["rate"])
+        self.dispatch_rate.restore(data["dispatch_rate"])
+        self.dispatched = int(data["dispatched"])
+        delay = data["first_token_delay_s"]
+        self.first_token_delay_s = None if delay is None else float(delay)
+        names = {f.name for f in fields(ObjectiveRecord)}
+        for name, row in data["records"].items():
+            if name in self.records:
+                self.records[name] = ObjectiveRecord(**{k: v for k, v in row.items() if k in names})

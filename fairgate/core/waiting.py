@@ -16,7 +16,7 @@ in a deterministic order that a snapshot can reproduce.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 
 class WaitingSet:
@@ -34,7 +34,7 @@ class WaitingSet:
     def __contains__(self, tenant: str) -> bool:
         return tenant in self._live
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._live)
 
     def push(self, tenant: str, key: float) -> None:

@@ -119,6 +119,46 @@ class WorkerSlot:
     def observe_starts(self, started: int) -> None:
         self.turnover += TURNOVER_SMOOTHING * (started - self.turnover)
 
+    def assigned(self, req: Request) -> None:
+        """``req`` was handed to this worker: its need is committed here until it ends, and counted as
+        pending (and, with no room for it now, as queued in the engine) until it starts."""
+        req.beyond_room = not self.starts_now(req.need)
+        self.beyond += req.beyond_room
+        self.expected += req.footprint
+        self.committed += req.need
+        self.pending_count += 1
+        self.pending_tokens += req.need
+        self.in_flight += 1
+        self.hold_adapter(req.adapter)
+
+    def started(self, req: Request, prompt_tokens: int, grew: int) -> None:
+        """``req`` started here with ``prompt_tokens`` (``grew`` more than its estimate, already added to
+        its need): it is pending no more."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += req.cached
+        self.committed += grew
+        self.pending_count -= 1
+        self.pending_tokens -= req.need - grew
+        self.beyond -= req.beyond_room
+
+    def released(self, req: Request) -> None:
+        """``req`` ended here (or went back to its queue): what it held is free again."""
+        self.committed -= req.need
+        self.expected -= req.footprint
+        self.in_flight -= 1
+        self.hold_adapter(req.adapter, -1)
+        if not req.started:
+            self.pending_count -= 1
+            self.pending_tokens -= req.need
+            self.beyond -= req.beyond_room
+            req.beyond_room = False
+
+    def adopted(self, req: Request) -> None:
+        """A running request announced by this worker is taken into its books."""
+        self.committed += req.need
+        self.in_flight += 1
+        self.hold_adapter(req.adapter)
+
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
@@ -282,7 +322,7 @@ class WorkerTable:
         return [w.to_dict() for w in self.slots.values()]
 
     def restore(self, rows: Iterable[dict[str, Any]]) -> None:
-        names = set(WorkerSlot.__slots__)  # type: ignore[attr-defined]
+        names = set(WorkerSlot.__slots__)
         self.slots = {row["id"]: WorkerSlot(**{k: _tupled(k, v) for k, v in row.items() if k in names}) for row in rows}
         self.refresh()
 

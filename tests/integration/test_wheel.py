@@ -18,8 +18,21 @@ from tests.conftest import REPO
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     source = out / "source"  # a copy: a build folder left in the repository would add what it holds
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".*", "build", "site", "out", "__pycache__", "*.egg-info"))
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)]
+    shutil.copytree(
+        REPO, source, ignore=shutil.ignore_patterns(".*", "build", "site", "out", "__pycache__", "*.egg-info")
+    )
+    build = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(out),
+        str(source),
+    ]
     subprocess.run(build, check=True, capture_output=True, cwd=out)
     (found,) = out.glob("fairgate-*.whl")
     return found
@@ -55,8 +68,8 @@ def test_the_installed_package_imports_from_anywhere(wheel, tmp_path):
     subprocess.run(install, check=True, capture_output=True)
     probe = (
         "import fairgate.gateway.app, fairgate.gateway.config as c, fairgate.loadgen.trace as t;"
-        "assert fairgate.gateway.app.__file__.startswith(%r), fairgate.gateway.app.__file__;"
-        "c.load_config(); t.synthesize_arena_trace(0)" % str(target)
+        f"assert fairgate.gateway.app.__file__.startswith({str(target)!r}), fairgate.gateway.app.__file__;"
+        "c.load_config(); t.synthesize_arena_trace(0)"
     )
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "RAY_USAGE_STATS_ENABLED": "0"}
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -123,8 +123,8 @@ def test_a_waiting_request_that_extends_a_dispatched_one_is_homed_on_its_worker(
     assert turn2.home == "w1" and not other.home
     assert list(c.homed("w1")) == [turn2]
     rebuilt = Continuations()
-    rebuilt.rebuild([[turn2, other]])  # from the queues, after a restore: the home is the request's own
-    assert list(rebuilt.homed("w1")) == [turn2]
+    rebuilt.restore(c.snapshot(), [turn2, other])  # beside the queues, after a restore
+    assert list(rebuilt.homed("w1")) == [turn2] and rebuilt.next_homing == c.next_homing
     c.leave(turn2)
     assert list(c.homed("w1")) == [] and not c.homes
 

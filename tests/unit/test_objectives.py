@@ -20,7 +20,6 @@ from fairgate.core.classes import RequestClass, check_classes
 from fairgate.core.model import Request
 from fairgate.core.placement import make_placement
 from fairgate.core.reasons import REJECT_OBJECTIVE
-from fairgate.core.snapshots import restore_snapshot
 from fairgate.core.wait_prediction import PROBE_AFTER_S, TARGET, ObjectiveRecord, WaitPredictor
 from fairgate.core.workers import WorkerTable
 
@@ -134,7 +133,7 @@ def test_a_burst_the_class_cannot_serve_in_time_is_shed_at_once_and_its_answer_n
     assert shed and answers[0] is None  # the first fits its objective, the burst's tail does not
     assert set(answers) == {None, REJECT_OBJECTIVE}
     for i in shed:  # nothing shed was queued or assigned
-        assert f"burst{i}" not in s.state.queued_ids and f"burst{i}" not in s.in_flight()
+        assert not s.is_queued(f"burst{i}") and f"burst{i}" not in s.in_flight()
     miss = s.last_shed
     assert miss is not None and miss.klass == "interactive" and miss.predicted_s > miss.objective_s == 2.0
     record = s.waits.records["interactive"]
@@ -187,9 +186,9 @@ def test_a_restored_scheduler_still_knows_which_leaves_hold_urgent_requests():
     for i in range(3):
         assert s.submit(f"r{i}", "key", 60, 30, 0.0) is None
     assert [r.urgent for r in s.tenants["key"].queue] == [True] * 3
-    copy = make(classes=classes, max_engine_waiting=0)
-    restore_snapshot(copy, s.snapshot())
-    assert set(copy.urgent_waiting) == {"key"} and copy.urgent_waiting["key"] is copy.tenants["key"]
+    copy = type(s).from_snapshot(s.snapshot())
+    urgent = copy.objectives.urgent_waiting
+    assert set(urgent) == {"key"} and urgent["key"] is copy.tenants["key"]
 
 
 def test_objective_series_reach_the_admins_scrape_only():

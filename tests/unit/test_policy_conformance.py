@@ -14,7 +14,8 @@ these tests by being registered. For each one, on random event sequences and ran
   refuses a request for itself;
 - counters equal weighted service plus lifts once every request has settled (a lost request keeps no
   charge it did not consume; refunds are divided by the weight their charge was);
-- a snapshot taken anywhere, restored, makes exactly the same decisions afterwards;
+- a snapshot taken anywhere, restored, holds every field of every part of the scheduler (but the
+  caches ``tests/unit/state_walk.py`` names) and makes exactly the same decisions afterwards;
 - the bound the policy states holds on random and adversarial workloads (the simulator, virtual time).
 """
 
@@ -55,6 +56,7 @@ from tests.unit.simulated_runs import (
     run,
     workload_of,
 )
+from tests.unit.state_walk import differences
 
 CASES = [(policy, placement) for policy in policy_examples() for placement in placement_names()]
 # the same events with the tenants in a tree (two levels of nodes) and request classes (one strict)
@@ -147,6 +149,8 @@ class Driver:
         """A copy whose scheduler comes from a JSON snapshot of this one."""
         other = copy.copy(self)
         other.s = FairScheduler.from_snapshot(json.loads(json.dumps(self.s.snapshot())))
+        left_behind = differences(self.s, other.s)
+        assert not left_behind, "a restore left state behind: " + "; ".join(left_behind)
         other.where, other.decisions = dict(self.where), []
         other.weights_seen = {name: set(seen) for name, seen in self.weights_seen.items()}
         other.arrived = dict(self.arrived)

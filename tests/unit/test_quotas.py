@@ -148,9 +148,8 @@ def test_no_window_ever_uses_more_than_its_quota(rows):
     quota per tenant and one over both (a node), a few queued before each assignment: after every
     event, no window's use and holds exceed its maximum, and what every tenant was served in a window
     is within its quota."""
-    s = FairScheduler(SchedulerConfig(cost=LinearCost(1.0, 2.0)), QuotaBook([]))
     rules = [QuotaRule("a", "minute", 700), QuotaRule("b", "minute", 500), QuotaRule("org", "minute", 1000)]
-    s.quotas = QuotaBook(rules)
+    s = FairScheduler(SchedulerConfig(cost=LinearCost(1.0, 2.0)), QuotaBook(rules))
     s.set_node("org", None, 1.0)
     s.add_tenant("a", 1.0, "org")
     s.add_tenant("b", 1.0, "org")

@@ -78,7 +78,7 @@ def test_a_request_that_started_before_the_answer_runs_and_is_charged_once():
     s.assign(0.2)
     assert s.revocations() == [("a2", "w")]
     s.on_report("w", {"a2": 1}, started={"a2": 100})  # the engine started it first: the worker says no
-    assert not s.revoking  # the round is over
+    assert not s.revocation.revoking  # the round is over
     assert s.on_finish("a2", 0, FINISH_REVOKED, 0.3) is None  # a stray answer changes nothing
     assert "a2" in s.in_flight() and s.tenants["A"].revoked == 0
     for rid in ("a0", "a1", "a2"):
@@ -124,7 +124,7 @@ def test_a_snapshot_keeps_what_is_held_and_the_round_out():
     s.assign(0.2)
     s.revocations()
     twin = FairScheduler.from_snapshot(s.snapshot())
-    assert twin.revoking == s.revoking
+    assert twin.revocation.revoking == s.revocation.revoking
     assert twin.tenants["A"].unstarted == pytest.approx(s.tenants["A"].unstarted)
     twin.on_finish("a2", 0, FINISH_REVOKED, 0.3)
     assert twin.is_queued("a2")

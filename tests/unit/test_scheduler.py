@@ -37,7 +37,7 @@ def test_least_served_tenant_goes_first_and_fifo_within_tenant():
     s.submit("a2", "A", 10, 10, 0.0)
     s.submit("b1", "B", 10, 10, 0.0)
     s.tenants["A"].counter = 5.0  # A has been served more than B
-    s._waiting.push("A", 5.0)
+    s.tree.root.waiting.push("A", 5.0)
     got = [a.request.id for a in s.assign(0.0)]
     assert got == ["b1", "a1", "a2"]
 

@@ -119,15 +119,15 @@ def test_settled_requests_are_forgotten_at_every_sweep_after_one_period():
     s.assign(0.0)
     s.on_report("w", {"r0": 1, "r1": 1}, started={"r0": 10, "r1": 10})
     s.worker_leave("w")  # both lost with their worker: kept for a re-announcement
-    assert set(s.state.settled) == {"r0", "r1"}
+    assert set(s.recovery.settled) == {"r0", "r1"}
     s.forget_settled()
-    assert set(s.state.settled) == {"r0", "r1"}  # one sweep: still kept
+    assert set(s.recovery.settled) == {"r0", "r1"}  # one sweep: still kept
     s.worker_join("w2", kv_tokens=1000)
     s.submit("r2", "A", 10, 10, 0.0)
     s.assign(0.0)
     s.on_report("w2", {"r2": 1}, started={"r2": 10})
     s.worker_leave("w2")
     s.forget_settled()
-    assert set(s.state.settled) == {"r2"}  # the older two went at the second sweep
+    assert set(s.recovery.settled) == {"r2"}  # the older two went at the second sweep
     s.forget_settled()
-    assert not s.state.settled
+    assert not s.recovery.settled

@@ -45,14 +45,8 @@ class PrefixAffinity(PlacementRule):
         emptiest = min(fullness(w) for w in fits)
         prefixes, prefix, block = self._prefixes, request.prefix, request.block_tokens
         expected = self._saved if prefixes.tiered else prefixes.expected_tokens
-        best, best_gain = None, -1
-        for w in fits:
-            if fullness(w) > emptiest + BALANCE:
-                continue
-            gain = expected(w.id, prefix, block)
-            if gain > best_gain or (gain == best_gain and most_room(w) < most_room(best)):  # type: ignore[arg-type]
-                best, best_gain = w, gain
-        return best  # type: ignore[return-value]  # the emptiest is always near
+        near = [w for w in fits if fullness(w) <= emptiest + BALANCE]  # the emptiest is always near
+        return min(near, key=lambda w: (-expected(w.id, prefix, block), *most_room(w)))
 
     def _saved(self, worker_id: str, prefix: Sequence[int], block: int) -> float:
         gpu, host, shared = self._prefixes.expected_by_tier(worker_id, prefix, block)
