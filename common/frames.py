@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
 
-from fairgate.common.frame_guard import ClientHandshake, Guard, ListenerGate
 from google.protobuf.message import DecodeError, Message
+
+from fairgate.common.frame_guard import ClientHandshake, Guard, ListenerGate
 
 M = TypeVar("M", bound=Message)
 F = TypeVar("F", bound="FrameConnection")

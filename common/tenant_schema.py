@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fairgate.common.sections import Section
 from pydantic import Field
 
+from fairgate.common.sections import Section
+from fairgate.core.classes import RequestClass
 from fairgate.core.weights import MAX_WEIGHT
 
 MAX_GROUP_CHARS = 64  # a cache group's name
@@ -64,6 +65,15 @@ class ClassConfig(Section):
         " with Retry-After) or downgrade (served in downgrade_to)",
     )
     downgrade_to: str = Field("", description="the class a downgraded request is served in (on_miss: downgrade)")
+
+    @property
+    def tier_name(self) -> str:
+        """The service_tier that asks for it."""
+        return self.tier or self.name
+
+    def request_class(self) -> RequestClass:
+        """The core's request class."""
+        return RequestClass(self.name, self.weight, self.strict, self.ttft_s, self.on_miss, self.downgrade_to)
 
 
 class AdapterConfig(Section):

@@ -18,17 +18,19 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Span, Status, StatusCode
 
+from fairgate.common.config import TelemetrySettings
+
 TRACER = "fairgate"
 _memory: Any = None  # the in-memory exporter, when traces: memory
 _provider: Any = None
 _active = True  # benchmarks switch tracing off and on within one process
 
 
-def configure_tracing(settings: dict[str, Any] | None, service: str) -> None:
+def configure_tracing(settings: TelemetrySettings | None, service: str) -> None:
     """Install this process's tracer provider (once per process; later calls change nothing)."""
     global _memory, _provider
-    settings = settings or {}
-    endpoint, memory = settings.get("otlp_endpoint"), settings.get("traces") == "memory"
+    settings = settings or TelemetrySettings()
+    endpoint, memory = settings.otlp_endpoint, settings.traces == "memory"
     if _provider is not None or not (endpoint or memory):
         return
     from opentelemetry.sdk.resources import Resource
@@ -37,7 +39,7 @@ def configure_tracing(settings: dict[str, Any] | None, service: str) -> None:
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     # the ingress decides per trace; workers follow the decision carried in the trace context
-    sampler = ParentBased(TraceIdRatioBased(float(settings.get("trace_sample_ratio", 1.0))))
+    sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

@@ -18,11 +18,16 @@ import time
 from typing import Any
 
 import ray
-from fairgate.common.frame_guard import DEFAULT_MAX_BODY_BYTES, frame_limit
+from pydantic import BaseModel
+
+from fairgate.common.config import GatewayConfig
+from fairgate.common.frame_guard import frame_limit
 from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.loopback import bind_host, pool_port
 from fairgate.common.prefix_hashes import for_adapter, salted
 from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.core import REJECT_UNKNOWN_KEY
+from fairgate.core.quotas import QuotaBook
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
 from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
@@ -32,37 +37,11 @@ from fairgate.dispatcher.service import DispatcherService, Rejected
 from fairgate.dispatcher.state_store import StateStore, open_store
 from fairgate.dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 
-from fairgate.core import REJECT_UNKNOWN_KEY, SchedulerConfig
-from fairgate.core.classes import RequestClass
-from fairgate.core.quotas import Prices, QuotaBook, QuotaRule
-
 log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 100_000
 QUOTA_STATE_KEY = "~quotas"  # where the quota book is saved, beside each pool's state
 FORGET_SETTLED_AFTER_S = 160.0  # longer than a worker re-announces what ended (150 s): kept for that
-
-
-def dispatcher_settings(gateway: dict[str, Any]) -> dict[str, Any]:
-    """The part of the gateway configuration the dispatcher is created from."""
-    models = gateway.get("models") or [gateway.get("model", "")]
-    ingress = gateway.get("ingress") or {}
-    return {
-        "models": [m if isinstance(m, str) else m["name"] for m in models],
-        "scheduler": gateway["scheduler"],
-        "tenants": gateway["tenants"],
-        "tree": gateway.get("tree") or [],
-        "classes": gateway.get("classes") or [],
-        "state": gateway.get("state") or {},
-        "telemetry": gateway.get("telemetry") or {},
-        "network": gateway.get("network") or {},
-        "max_frame_bytes": frame_limit(int(ingress.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))),
-        "key_hash_fingerprint": gateway.get("key_hash_fingerprint", ""),
-        "quotas": gateway.get("quotas") or [],
-        "prices": gateway.get("prices") or {},
-        "adapters": gateway.get("adapters") or [],
-        "adapter_models": gateway.get("adapter_models") or {},
-    }
 
 
 @ray.remote(num_cpus=0)
@@ -71,29 +50,25 @@ class DispatcherActor(AdapterCalls):
     its own Dispatcher gRPC service for its workers; tenants, keys and the live page are shared. Calls
     name their pool by model; without one, the first model's."""
 
-    def __init__(self, app: str, settings: dict[str, Any], secret: str) -> None:
+    def __init__(self, app: str, config: GatewayConfig, secret: str) -> None:
+        """``config``: the gateway's, as ``fairgate.gateway.config.deployable`` makes it."""
         self._app = app
-        self._settings = settings
-        config = SchedulerConfig.from_dict(settings["scheduler"])
-        models = settings.get("models") or [""]
-        self._quotas = QuotaBook(QuotaRule.from_dict(q) for q in settings.get("quotas") or ())  # every pool's
-        prices = settings.get("prices") or {}
+        self._config = config
+        models = [m.name for m in config.models]
+        self._quotas = QuotaBook(q.rule() for q in config.quotas)  # every pool's
         self._pools = {
-            m: DispatcherService(config, secret.encode(), quotas=self._quotas, prices=Prices.from_dict(prices.get(m)))
+            m: DispatcherService(config.scheduler, secret.encode(), quotas=self._quotas, prices=config.prices_of(m))
             for m in models
         }
         self._first = models[0]
         self._service = self._pools[self._first]
-        self._classes = [
-            ServiceClass(RequestClass.from_dict(c), str(c.get("tier") or c["name"]))
-            for c in settings.get("classes", [])
-        ]
-        self._policy = config.policy
+        self._classes = [ServiceClass(c.request_class(), c.tier_name) for c in config.classes]
+        self._policy = config.scheduler.policy
         self._registry = TenantRegistry([], [], self._classes, self._policy)
-        self._adapter_models = {m: bool(settings.get("adapter_models", {}).get(m)) for m in models}
+        self._adapter_models = {m: config.adapter_models.get(m, False) for m in models}
         self._adapters = AdapterRegistry([], self._adapter_models)
         self._hasher = KeyHasher.from_environment(secret)  # upgrades plain digests a store still holds
-        self._hasher.check_fingerprint(settings.get("key_hash_fingerprint"), "dispatcher")
+        self._hasher.check_fingerprint(config.key_hash_fingerprint, "dispatcher")
         self._store: StateStore | None = None
         self._started: asyncio.Task[str] | None = None
         self._saver: asyncio.Task[None] | None = None
@@ -103,7 +78,7 @@ class DispatcherActor(AdapterCalls):
         self._changing = asyncio.Lock()  # tenant and node changes, one at a time
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
         self._admission = AdmissionServer(  # the ingress's per-request call
-            self.admit, secret.encode(), int(settings["max_frame_bytes"])
+            self.admit, secret.encode(), frame_limit(config.ingress.max_body_bytes)
         )
 
     async def _ready(self) -> str:
@@ -115,14 +90,15 @@ class DispatcherActor(AdapterCalls):
         return await asyncio.shield(started)
 
     async def _start(self) -> str:
-        state = self._settings["state"]
-        self._store = await open_store(state, self._app)
-        tenants, nodes = await self._store.load_tenants(list(self._settings["tenants"]), list(self._settings["tree"]))
+        config = self._config
+        self._store = await open_store(config.state, self._app)
+        seed = [_stored(t) for t in config.tenants], [_stored(n) for n in config.tree]  # the store's rows
+        tenants, nodes = await self._store.load_tenants(*seed)
         await self._upgrade_key_hashes(tenants)
         self._registry = TenantRegistry(tenants, nodes, self._classes, self._policy)
-        self._load_adapters(await self._store.load_adapters(list(self._settings.get("adapters") or ())))
+        self._load_adapters(await self._store.load_adapters([_stored(a) for a in config.adapters]))
         loop = asyncio.get_running_loop()
-        network = self._settings.get("network") or {}
+        network = config.network
         if self._quotas:
             saved_quotas = await self._store.load_state(QUOTA_STATE_KEY)
             if saved_quotas is not None:
@@ -137,14 +113,14 @@ class DispatcherActor(AdapterCalls):
                 scheduler.set_node(name, parent, weight)
             for t in tenants:
                 scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
-            await service.start(bind_host(), pool_port(network.get("dispatcher_port", 0), index))
-        await self._admission.start(bind_host(), int(network.get("admission_port", 0)))
-        self._saver = loop.create_task(self._save_every(float(state.get("snapshot_interval_s", 1.0))))
+            await service.start(bind_host(), pool_port(network.dispatcher_port, index))
+        await self._admission.start(bind_host(), network.admission_port)
+        self._saver = loop.create_task(self._save_every(config.state.snapshot_interval_s))
         self._sampler = loop.create_task(self._sample_every(1.0))
         self._sweeper = loop.create_task(self._forget_settled_every(FORGET_SETTLED_AFTER_S))
-        telemetry = self._settings.get("telemetry") or {}
-        if telemetry.get("otlp_endpoint"):
-            start_otlp_metrics(lambda: self._latest, int(telemetry.get("top_tenants", 20)), telemetry["otlp_endpoint"])
+        telemetry = config.telemetry
+        if telemetry.otlp_endpoint:
+            start_otlp_metrics(lambda: self._latest, telemetry.top_tenants, telemetry.otlp_endpoint)
         return self._service.address
 
     async def _upgrade_key_hashes(self, tenants: list[dict[str, Any]]) -> None:
@@ -478,9 +454,9 @@ async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5):
             await asyncio.sleep(poll_s)
 
 
-def get_or_create_dispatcher(app: str, gateway: dict[str, Any], secret: str):
-    """The app's dispatcher (``gateway``: the gateway's plain configuration, or ``dispatcher_settings``).
-    Ray restarts it whenever its process dies."""
+def get_or_create_dispatcher(app: str, config: GatewayConfig, secret: str):
+    """The app's dispatcher, created from ``config`` (``fairgate.gateway.config.deployable``'s) if
+    there is none yet. Ray restarts it whenever its process dies."""
     resource = os.environ.get(DISPATCHER_RESOURCE_ENV)
     return DispatcherActor.options(
         resources={resource: 0.001} if resource else None,
@@ -490,4 +466,9 @@ def get_or_create_dispatcher(app: str, gateway: dict[str, Any], secret: str):
         lifetime="detached",
         max_concurrency=MAX_PENDING_CALLS,
         max_restarts=-1,
-    ).remote(app, dispatcher_settings(gateway), secret)
+    ).remote(app, config, secret)
+
+
+def _stored(section: BaseModel) -> dict[str, Any]:
+    """A configured tenant, tree node or adapter as the state store keeps its records (lists, not tuples)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in section.model_dump().items()}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.rpc import fairgate_pb2_grpc as rpc
 from fairgate.common.tickets import (
@@ -29,13 +30,12 @@ from fairgate.common.tickets import (
     sign,
     ticket_message,
 )
-from fairgate.dispatcher.metrics import Histogram
-
 from fairgate.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairScheduler, SchedulerConfig
 from fairgate.core.fairness import backlogged_gap
 from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
 from fairgate.core.wait_prediction import ObjectiveMiss
+from fairgate.dispatcher.metrics import Histogram
 
 log = logging.getLogger(__name__)
 

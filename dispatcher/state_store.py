@@ -13,6 +13,8 @@ import json
 import logging
 from typing import Any, Protocol
 
+from fairgate.common.config import StateSettings
+
 log = logging.getLogger(__name__)
 
 
@@ -198,11 +200,10 @@ class RedisStore:
         await self._redis.aclose()
 
 
-async def open_store(settings: dict[str, Any], app: str) -> StateStore:
+async def open_store(settings: StateSettings, app: str) -> StateStore:
     """The store the ``state`` section of the configuration asks for."""
-    url = settings.get("redis_url")
-    if not url:
+    if not settings.redis_url:
         return MemoryStore()
-    store = RedisStore(url, f"{settings.get('key_prefix') or 'fairgate'}:{app}")
-    await store.wait_ready(float(settings.get("connect_timeout_s", 60.0)))
+    store = RedisStore(settings.redis_url, f"{settings.key_prefix}:{app}")
+    await store.wait_ready(settings.connect_timeout_s)
     return store

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fairgate.common.tenant_schema import MAX_GROUP_CHARS
-
 from fairgate.core import make_policy
 from fairgate.core.classes import RequestClass, default_class
 from fairgate.core.tree import TreeError, check_tree, parents_first

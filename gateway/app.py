@@ -11,35 +11,35 @@ from typing import Any
 
 import httpx
 import ray
+from ray import serve
+
+from fairgate.common.config import GatewayConfig, WorkerSettings
 from fairgate.common.frame_guard import frame_limit
-from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.loopback import front_door, pool_port, ray_environment
 from fairgate.common.sections import checked_cluster_secret
-from fairgate.gateway.config_schema import GatewayConfig, WorkerSettings
+from fairgate.gateway.config import deployable
 from fairgate.ingress.deployment import INGRESS_ACTOR_OPTIONS, Ingress
 from fairgate.workers.autoscaling import POLICY_PATH
-from fairgate.workers.deployment import WorkerReplica
+from fairgate.workers.deployment import WorkerReplica, WorkerStart
 from fairgate.workers.engines import engine_for
-from ray import serve
 
 
 def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | None = None) -> serve.Application:
     """``listen``: host:port for the direct front door (each ingress replica's own HTTP server there);
     None: Serve's front door brings the requests."""
     checked_cluster_secret(secret)
-    g = config.keyed(KeyHasher.from_environment(secret)).plain()
+    config = deployable(config, secret)
     frames = frame_limit(config.ingress.max_body_bytes)
     pools = []
     for i, m in enumerate(config.models):
-        workers = g["models"][i]["workers"]
         options = worker_options(app_name, m.workers, m.name) | {"name": worker_deployment_name(i, m.name)}
         port = pool_port(config.network.worker_port, i)
         if port:  # a fixed port: one replica of the pool per node
             options["max_replicas_per_node"] = 1
-        given = {**workers, "telemetry": g["telemetry"], "port": port, "max_frame_bytes": frames}
-        pools.append(WorkerReplica.options(**options).bind(app_name, given, secret, m.name))
+        start = WorkerStart(m.workers.engine, m.workers.settings, config.telemetry, port, frames)
+        pools.append(WorkerReplica.options(**options).bind(app_name, start, secret, m.name))
     ingress = Ingress.options(num_replicas=config.ingress.replicas, **ingress_placement())
-    return ingress.bind(app_name, ingress_view(g), secret, pools, listen)
+    return ingress.bind(app_name, ingress_view(config), secret, pools, listen)
 
 
 # A Ray custom resource only the nodes meant for the ingress have (where the front door is, and the
@@ -60,14 +60,15 @@ def ingress_placement() -> dict[str, Any]:
 REPLICA_FIELDS = ("count", "num_gpus", "num_cpus", "autoscaling", "graceful_shutdown_s")
 
 
-def ingress_view(g: dict[str, Any]) -> dict[str, Any]:
-    def engine_only(workers: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in workers.items() if k not in REPLICA_FIELDS}
+def ingress_view(config: GatewayConfig) -> GatewayConfig:
+    """``config`` with each pool's replica fields at their defaults (the ingress reads its engine only)."""
+    defaults = WorkerSettings()
 
-    return g | {
-        "workers": engine_only(g["workers"]),
-        "models": [m | {"workers": engine_only(m["workers"])} for m in g["models"]],
-    }
+    def engine_only(workers: WorkerSettings) -> WorkerSettings:
+        return workers.model_copy(update={name: getattr(defaults, name) for name in REPLICA_FIELDS})
+
+    models = [m.model_copy(update={"workers": engine_only(m.workers)}) for m in config.models]
+    return config.with_models(models)
 
 
 def worker_deployment_name(index: int, model: str) -> str:

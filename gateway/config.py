@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fairgate.common.config import GatewayConfig, WorkerSettings
+from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.sections import ConfigError, read_yaml
-from fairgate.gateway.config_schema import GatewayConfig, WorkerSettings, check_adapters, validate
+from fairgate.gateway.config_schema import adapter_models, check_adapters, validate
 from fairgate.workers.engines import engine_for
 
 
@@ -42,6 +45,14 @@ def checked_workers(workers: WorkerSettings, engine: str, settings: dict[str, An
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return workers.model_copy(update={"engine": engine, "settings": checked})
+
+
+def deployable(config: GatewayConfig, secret: str) -> GatewayConfig:
+    """``config`` as the gateway's processes are built from it: its key digests keyed with the cluster
+    secret, and whether each pool's workers take adapters (its engine's to say, before it travels to
+    the dispatcher, which knows no engine)."""
+    keyed = config.keyed(KeyHasher.from_environment(secret))
+    return keyed.model_copy(update={"adapter_models": adapter_models(config.models)})
 
 
 def with_engine(config: GatewayConfig, engine: str, settings: dict[str, Any], where: str) -> GatewayConfig:

@@ -9,8 +9,11 @@ import types
 import typing
 from typing import Any
 
-from fairgate.common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
-from fairgate.gateway.config_schema import (
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from fairgate.common.config import (
     AutoscalingSettings,
     CostSettings,
     IngressSettings,
@@ -24,10 +27,8 @@ from fairgate.gateway.config_schema import (
     TelemetrySettings,
     WorkerSettings,
 )
+from fairgate.common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
 from fairgate.workers.engines import engine_for, engine_names
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 # keys of the top level that are not scheduler settings: (key, type, what it holds)
 TOP_LEVEL = [

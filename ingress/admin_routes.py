@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Request
+
 from fairgate.common.openai_errors import ApiError
 from fairgate.ingress.admin_api import TenantChange, adapter_change, node_change, tenant_change
-from fastapi import Request
 
 
 def _raise_error(result: dict[str, Any]) -> None:

@@ -14,8 +14,9 @@ import hmac
 import time
 from collections import OrderedDict
 
-from fairgate.ingress.openai_api import ApiError
 from fastapi import Request
+
+from fairgate.ingress.openai_api import ApiError
 
 
 def bearer_key(request: Request) -> str:

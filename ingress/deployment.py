@@ -14,10 +14,16 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from ray import serve
+
+from fairgate.common.config import GatewayConfig
 from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.openai_errors import ApiError, parse_body
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tracing import RequestTrace, configure_tracing
+from fairgate.core.reasons import FINISH_REVOKED
 from fairgate.dispatcher.actor import get_or_create_dispatcher
 from fairgate.ingress.admin_routes import AdminRoutes
 from fairgate.ingress.admission_client import AdmissionClient, DispatcherUnavailable
@@ -32,11 +38,6 @@ from fairgate.ingress.open_requests import OpenRequests, released_after
 from fairgate.ingress.openai_api import ChatFields, CompletionFields, parse_json
 from fairgate.ingress.pools import ModelPools, Served, not_found
 from fairgate.ingress.service_tier import echo_tier
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
-from ray import serve
-
-from fairgate.core.reasons import FINISH_REVOKED
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
@@ -75,22 +76,22 @@ INGRESS_ACTOR_OPTIONS = {"num_cpus": 0, "runtime_env": SAME_LOOP}
 @serve.ingress()
 class Ingress(AdminRoutes, ObservabilityRoutes):
     def __init__(
-        self, app_name: str, gateway: dict[str, Any], secret: str, workers: Any = None, listen: str | None = None
+        self, app_name: str, config: GatewayConfig, secret: str, workers: Any = None, listen: str | None = None
     ) -> None:
         """``listen``: host:port of the direct front door (``ingress/listener.py``); None when Serve's
         own front door (its proxy or HAProxy) brings the requests."""
-        configure_tracing(gateway.get("telemetry"), "fairgate-ingress")
-        self._max_body_bytes = int(gateway["ingress"]["max_body_bytes"])
-        self._body_timeout_s = float(gateway["ingress"]["body_timeout_s"])
-        self._open = OpenRequests(int(gateway["ingress"]["max_open_per_tenant"]))
+        configure_tracing(config.telemetry, "fairgate-ingress")
+        self._max_body_bytes = config.ingress.max_body_bytes
+        self._body_timeout_s = config.ingress.body_timeout_s
+        self._open = OpenRequests(config.ingress.max_open_per_tenant)
         self._hasher = KeyHasher.from_environment(secret)
-        self._hasher.check_fingerprint(gateway.get("key_hash_fingerprint"), "ingress")
-        self._keys = KeyCache({t["key_hash"]: t["name"] for t in gateway["tenants"]})
+        self._hasher.check_fingerprint(config.key_hash_fingerprint, "ingress")
+        self._keys = KeyCache({t.key_hash: t.name for t in config.tenants})
         self._lookups = LookupBudget()
         self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
-        self._admin_key_hash = gateway.get("admin_key_hash", "")
-        self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, gateway, secret), DISPATCHER_WAIT_S)
-        self._pools = ModelPools(gateway, self._dispatcher.adapters_for)
+        self._admin_key_hash = config.admin_key_hash
+        self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, config, secret), DISPATCHER_WAIT_S)
+        self._pools = ModelPools(config, self._dispatcher.adapters_for)
         self._admission = AdmissionClient(
             self._dispatcher.admission_address,
             secret,
@@ -99,8 +100,8 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         )
         self._connections = WorkerConnections(secret.encode())
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
-        self._top_tenants = int(gateway.get("telemetry", {}).get("top_tenants", 20))
-        self._classes = bool(gateway.get("classes"))  # responses then name the tier they were served in
+        self._top_tenants = config.telemetry.top_tenants
+        self._classes = bool(config.classes)  # responses then name the tier they were served in
         self._snapshot: tuple[float, dict[str, Any]] | None = None
         self._listen = listen
         self._listener: DirectListener | None = None

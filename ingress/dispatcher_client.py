@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from fairgate.ingress.errors import rejection_error
 from ray.exceptions import RayActorError
+
+from fairgate.ingress.errors import rejection_error
 
 
 class DispatcherClient:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 from fairgate.common.openai_errors import ApiError
-
 from fairgate.core import reasons
 
 RETRY_AFTER_S = 60

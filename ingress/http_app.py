@@ -13,9 +13,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-from fairgate.common.openai_errors import ApiError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from fairgate.common.openai_errors import ApiError
 
 log = logging.getLogger(__name__)
 

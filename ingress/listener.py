@@ -26,6 +26,7 @@ import socket
 from typing import Any
 
 import uvicorn
+
 from fairgate.ingress.http_app import GENERATION_ROUTES, ASGIApp
 
 log = logging.getLogger(__name__)

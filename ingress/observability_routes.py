@@ -7,11 +7,12 @@ import time
 from importlib import resources
 from typing import Any
 
+from fastapi import Request
+from fastapi.responses import HTMLResponse, Response
+
 from fairgate.common.tracing import finished_spans
 from fairgate.ingress.auth import is_admin_key
 from fairgate.ingress.prometheus import CONTENT_TYPE, render_prometheus
-from fastapi import Request
-from fastapi.responses import HTMLResponse, Response
 
 DASHBOARD_HTML = resources.files("fairgate.ingress").joinpath("dashboard.html").read_text()
 DASHBOARD_HISTORY_S = 300.0  # the live page's chart: the last five minutes

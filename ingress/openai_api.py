@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fairgate.common.openai_errors import ApiError
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fairgate.common.openai_errors import ApiError
 
 INT32_MAX = 2**31 - 1
 MAX_CHOICES = 16  # n / best_of

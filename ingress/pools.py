@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fairgate.common.config import GatewayConfig
 from fairgate.common.openai_errors import ApiError
 from fairgate.ingress.prompting import Prompting
 
@@ -46,13 +47,13 @@ class Served:
 
 
 class ModelPools:
-    def __init__(self, gateway: dict[str, Any], adapters_of: AdapterLister | None = None) -> None:
+    def __init__(self, config: GatewayConfig, adapters_of: AdapterLister | None = None) -> None:
         """``adapters_of``: the adapters a tenant may use (the dispatcher's registry), asked at most
         every ``ADAPTERS_FRESH_S`` per tenant; the dispatcher checks each request's again."""
         self._pools: dict[str, Pool] = {}
-        for m in gateway["models"]:
-            tenants = None if m.get("tenants") is None else frozenset(m["tenants"])
-            self._pools[m["name"]] = Pool(m["name"], Prompting(gateway, m["workers"], m["name"]), tenants)
+        for m in config.models:
+            tenants = None if m.tenants is None else frozenset(m.tenants)
+            self._pools[m.name] = Pool(m.name, Prompting(config.ingress, m.workers, m.name), tenants)
         self._adapters_of = adapters_of
         self._fresh: dict[str, tuple[float, dict[str, str]]] = {}  # tenant -> (when asked, adapter -> base)
 

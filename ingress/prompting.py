@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from fairgate.common.config import IngressSettings, WorkerSettings
 from fairgate.common.openai_errors import ApiError
 from fairgate.common.prefix_hashes import block_hashes, hash_block_tokens
 from fairgate.ingress.openai_api import ChatFields, CompletionFields
@@ -22,10 +22,10 @@ from fairgate.workers.engines import engine_for
 ROUGH_CHARS_PER_TOKEN = 3
 
 
-def context_limit(gateway: dict[str, Any], workers: dict[str, Any]) -> int:
+def context_limit(ingress: IngressSettings, workers: WorkerSettings) -> int:
     """Prompt + max_tokens a request may ask for: the ingress limit, and the engine's when it is smaller."""
-    limit = gateway["ingress"]["max_model_len"]
-    engine_limit = engine_for(workers["engine"]).context_limit(workers["settings"])
+    limit = ingress.max_model_len
+    engine_limit = engine_for(workers.engine).context_limit(workers.settings)
     return min(limit, engine_limit) if engine_limit else limit
 
 
@@ -41,12 +41,13 @@ class Admitted:
 
 
 class Prompting:
-    def __init__(self, gateway: dict[str, Any], workers: dict[str, Any], model: str = "") -> None:
-        self._estimator = engine_for(workers["engine"]).prompts(workers["settings"])
-        self._default_max_tokens = int(gateway["ingress"]["default_max_tokens"])
-        self.hash_block = hash_block_tokens(engine_for(workers["engine"]).block_size(workers["settings"]))
+    def __init__(self, ingress: IngressSettings, workers: WorkerSettings, model: str = "") -> None:
+        engine = engine_for(workers.engine)
+        self._estimator = engine.prompts(workers.settings)
+        self._default_max_tokens = ingress.default_max_tokens
+        self.hash_block = hash_block_tokens(engine.block_size(workers.settings))
         self.model = model
-        self.context_limit = context_limit(gateway, workers)
+        self.context_limit = context_limit(ingress, workers)
 
     def prompt(self, req: ChatFields | CompletionFields) -> tuple[int, list[int] | None]:
         """The prompt's token count, and its tokens when known."""

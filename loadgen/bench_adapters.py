@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
 from fairgate.loadgen.metrics import quantile
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload

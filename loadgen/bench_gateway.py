@@ -17,9 +17,11 @@ import statistics
 import time
 from typing import Any
 
+from fairgate.common.config import TelemetrySettings
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tickets import TicketFields, sign, ticket_message
 from fairgate.common.tracing import RequestTrace, configure_tracing, extract_context, set_tracing_active, tracer
+from fairgate.core import SchedulerConfig
 from fairgate.dispatcher.metrics import ServiceHistory
 from fairgate.dispatcher.service import DispatcherService
 from fairgate.ingress.generation import Outcome, WorkerConnections, stream_bytes
@@ -28,8 +30,6 @@ from fairgate.workers.engines.interface import GenerationParams
 from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.runner import SimulatedRunner
 from fairgate.workers.worker import Worker
-
-from fairgate.core import SchedulerConfig
 
 
 async def dispatcher_requests_per_second(
@@ -116,7 +116,7 @@ def trace_one_request(i: int) -> None:
 def tracing_cost_per_request(requests: int = 20_000) -> dict[str, float]:
     """Microseconds of tracing per request (four spans, exported by a batch processor to memory), with
     tracing off (the API's no-op tracer) and on."""
-    configure_tracing({"traces": "memory"}, "fairgate-bench")
+    configure_tracing(TelemetrySettings(traces="memory"), "fairgate-bench")
     out = {}
     for name, active in (("off", False), ("on", True)):
         set_tracing_active(active)
@@ -131,10 +131,11 @@ def tracing_cost_per_request(requests: int = 20_000) -> dict[str, float]:
 def first_token_overhead(samples: int) -> dict[str, float]:
     """Start a one-worker gateway on local Ray, then time first tokens both ways."""
     import ray
+    from ray import serve
+
     from fairgate.dispatcher.actor import dispatcher_name
     from fairgate.gateway.app import run_app, start_local_ray
     from fairgate.gateway.config import parse_config
-    from ray import serve
 
     key = "fg-bench-" + secrets.token_hex(12)
     zero = {k: 0.0 for k in StepTimeModel.zero().to_dict()}

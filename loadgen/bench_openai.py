@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
 from fairgate.loadgen.pausing import listening_process, paused
 from fairgate.loadgen.serve_process import free_port, served_gateway

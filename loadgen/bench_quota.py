@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from fairgate.loadgen.serve_process import free_port, served_gateway
 
 MODEL = "fairgate-sim"

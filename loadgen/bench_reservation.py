@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
 from fairgate.loadgen.simulator import SimulationConfig, simulate
 from fairgate.loadgen.workload import TraceRequest, Workload
 

@@ -26,14 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fairgate.core import unit_u
+from fairgate.core.reasons import REJECT_OBJECTIVE
 from fairgate.loadgen.bench_tree import _sibling_gap, tree_shares
 from fairgate.loadgen.metrics import quantile
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import Workload
 from fairgate.loadgen.workload_spec import workload_from_spec
-
-from fairgate.core import unit_u
-from fairgate.core.reasons import REJECT_OBJECTIVE
 
 OBJECTIVE_S = 2.0
 INTERACTIVE = {"prompt_len": [64, 192], "output_len": [64, 192]}

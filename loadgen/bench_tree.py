@@ -22,13 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairgate.loadgen.simulator import Simulation, SimulationConfig
-from fairgate.loadgen.workload import Workload
-from fairgate.loadgen.workload_spec import workload_from_spec
-
 from fairgate.core import unit_u
 from fairgate.core.fairness import max_min_shares
 from fairgate.core.tree import TenantTree, TreeNode
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload import Workload
+from fairgate.loadgen.workload_spec import workload_from_spec
 
 ORGS = {"org-a": 1.0, "org-b": 3.0}
 TEAMS = {"keys10": 1.0, "key1": 2.0, "mixed": 3.0}

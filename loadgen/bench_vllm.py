@@ -95,10 +95,11 @@ async def through_gateway(config: VllmBenchConfig, port: int, policy: str = "vtc
     """The same load through the gateway to one vLLM worker."""
     import openai
     import ray
+    from ray import serve
+
     from fairgate.dispatcher.actor import dispatcher_name
     from fairgate.gateway.app import build_app, start_local_ray
     from fairgate.gateway.config import parse_config
-    from ray import serve
 
     keys = {t: "fg-bench-" + secrets.token_hex(12) for t in config.split()}
     raw = {

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import openai
-from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, summarize
-from fairgate.loadgen.workload import TraceRequest, Workload
 from tqdm import tqdm
 
 from fairgate.core.costs import CostFunction, LinearCost
 from fairgate.core.fairness import in_flight_reach, two_u
+from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, summarize
+from fairgate.loadgen.workload import TraceRequest, Workload
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import yaml
+
 from fairgate.common.loopback import FRONT_DOOR_ENV
 
 # The environment this process started with: importing an engine's library changes the importer's (vLLM

@@ -16,17 +16,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
-from fairgate.common.prefix_hashes import for_adapter
-from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
-from fairgate.loadgen.workload import TraceRequest, Workload
-from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
-from fairgate.workers.engines.simulated.tiers import BlockTier, TierSettings
 from tqdm import tqdm
 
+from fairgate.common.prefix_hashes import for_adapter
 from fairgate.core import FairScheduler, SchedulerConfig, make_policy
 from fairgate.core.classes import default_class, leaf_name
 from fairgate.core.costs import CostFunction, LinearCost
 from fairgate.core.reasons import FINISH_REVOKED
+from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
+from fairgate.loadgen.workload import TraceRequest, Workload
+from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.tiers import BlockTier, TierSettings
 
 DEFAULT_KV_TOKENS = 10_000
 FRONTS = ("fairgate", "round-robin")

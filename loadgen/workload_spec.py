@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fairgate.loadgen.mooncake import load_mooncake
-from fairgate.loadgen.workload import Workload, WorkloadError
-from fairgate.loadgen.workloads import PRESETS, Phase, TenantSpec, generate, real, trace_workload
 
 from fairgate.core.classes import RequestClass, check_classes
 from fairgate.core.tree import TreeError, check_tree
 from fairgate.core.weights import weight_problem
+from fairgate.loadgen.mooncake import load_mooncake
+from fairgate.loadgen.workload import Workload, WorkloadError
+from fairgate.loadgen.workloads import PRESETS, Phase, TenantSpec, generate, real, trace_workload
 
 
 def load_workloads(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from fairgate.loadgen.trace import load_trace_csv, synthesize_arena_trace
 from fairgate.loadgen.workload import TraceRequest, Workload, WorkloadError
 

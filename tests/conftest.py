@@ -11,8 +11,9 @@ from fairgate.common.loopback import ray_environment
 ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.1, no usage stats
 
 import pytest  # noqa: E402
-from fairgate.loadgen.datasets import ARENA_TRACE, MOONCAKE_TRACE  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from fairgate.loadgen.datasets import ARENA_TRACE, MOONCAKE_TRACE  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,8 +44,9 @@ def free_port() -> int:
 def serve_port():
     """One local Ray cluster and Serve instance for the whole session (starting them costs ~10 s)."""
     import ray
-    from fairgate.gateway.app import start_local_ray
     from ray import serve
+
+    from fairgate.gateway.app import start_local_ray
 
     start_local_ray(num_cpus=2)
     port = free_port()

@@ -62,6 +62,7 @@ def _poll(
     app: str, model: str | None, interval_s: float, stop: threading.Event, latest: list[tuple[float, Demand]]
 ) -> None:
     import ray
+
     from fairgate.dispatcher.actor import dispatcher_name
 
     actor = None

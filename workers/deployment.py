@@ -6,15 +6,30 @@ replicas; a removed replica says goodbye, takes no new work and finishes what it
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
+from ray import serve
+from ray.exceptions import RayActorError
+
+from fairgate.common.config import TelemetrySettings
 from fairgate.common.loopback import bind_host
 from fairgate.common.tracing import configure_tracing, finished_spans
 from fairgate.dispatcher.actor import find_dispatcher
 from fairgate.workers.engines import engine_for
 from fairgate.workers.worker import Worker
-from ray import serve
-from ray.exceptions import RayActorError
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """What one pool's worker replicas are started with: the engine plug-in and its settings (checked by
+    it), the telemetry section, the data plane's port (0: any free one) and the longest request frame."""
+
+    engine: str
+    settings: dict[str, Any]
+    telemetry: TelemetrySettings
+    port: int
+    max_frame_bytes: int
 
 
 @serve.deployment(
@@ -25,9 +40,9 @@ from ray.exceptions import RayActorError
     logging_config={"enable_access_log": False, "log_level": "WARNING"},
 )
 class WorkerReplica:
-    async def __init__(self, app: str, workers: dict[str, Any], secret: str, model: str | None = None) -> None:
+    async def __init__(self, app: str, start: WorkerStart, secret: str, model: str | None = None) -> None:
         """The dispatcher is found by name, never created here: a worker is not given its settings."""
-        configure_tracing(workers.get("telemetry"), "fairgate-worker")
+        configure_tracing(start.telemetry, "fairgate-worker")
         actor = await find_dispatcher(app)
         await actor.address.remote(model)
 
@@ -40,15 +55,15 @@ class WorkerReplica:
                 return await actor.address.remote(model)
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"
-        runner = engine_for(workers["engine"]).runner(workers["settings"], model)
+        runner = engine_for(start.engine).runner(start.settings, model)
         self.worker = Worker(
             worker_id,
             locate,
             secret.encode(),
             runner,
             host=bind_host(),
-            port=int(workers.get("port", 0)),
-            max_frame_bytes=int(workers["max_frame_bytes"]),
+            port=start.port,
+            max_frame_bytes=start.max_frame_bytes,
         )
         await self.worker.start()
 

@@ -13,8 +13,9 @@ import json
 from typing import Any
 
 import uvicorn
-from fairgate.workers.engines import engine_for
 from starlette.responses import Response
+
+from fairgate.workers.engines import engine_for
 
 
 async def engine_app(engine: str, settings: dict, model: str) -> tuple[Any, Any]:

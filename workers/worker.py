@@ -21,19 +21,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
+
 from fairgate.common.frame_guard import DATA_PLANE_HOP, DEFAULT_FRAME_BYTES, Guard, hop_key
 from fairgate.common.openai_errors import ApiError
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.rpc import fairgate_pb2_grpc as rpc
 from fairgate.common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from fairgate.common.tracing import extract_context, tracer
+from fairgate.core.reasons import FINISH_REVOKED
 from fairgate.workers.asgi_call import AsgiResponse, Linger, call_asgi
 from fairgate.workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from fairgate.workers.engines.interface import ASGIApp, EngineRunner, StepReport, TicketGrant, current_grant
 from fairgate.workers.generate_server import GenerateServer
 from fairgate.workers.stream_text import carries_text
-
-from fairgate.core.reasons import FINISH_REVOKED
 
 log = logging.getLogger(__name__)
 

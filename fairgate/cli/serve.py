@@ -15,7 +15,7 @@ from fairgate.cli.parsing import UsageError
 from fairgate.core import make_policy, policy_usages
 
 if TYPE_CHECKING:
-    from fairgate.gateway.config_schema import GatewayConfig
+    from fairgate.common.config import GatewayConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -97,7 +97,7 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
     from fairgate.common.loopback import front_door
 
     pools = ", ".join(f"{m.name!r} ({m.workers.count} {m.workers.engine} workers)" for m in config.models)
-    print(f"fairgate is serving {pools} at {url}/v1 (policy {config.scheduler['policy']}, front door {front_door()})")
+    print(f"fairgate is serving {pools} at {url}/v1 (policy {config.scheduler.policy}, front door {front_door()})")
     for name, key in generated_keys.items():
         print(f"  admin api key (for /admin) {key}" if name == ADMIN else f"  tenant {name}: api key {key}")
     if not [n for n in generated_keys if n != ADMIN]:

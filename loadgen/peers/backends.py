@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from fairgate.loadgen.pausing import listening_process
 from fairgate.loadgen.serve_process import free_port
 from fairgate.workers.engines import engine_for

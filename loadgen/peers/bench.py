@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fairgate.core import LinearCost, engine_queue_slack, two_u
+from fairgate.core.fairness import in_flight_reach
 from fairgate.loadgen.bench_openai import PROMPT, OpenAIBenchConfig, bench_client, chat_body, closed_loops, stream_one
 from fairgate.loadgen.pausing import paused
 from fairgate.loadgen.peers.backends import Backends, shared_backends
@@ -34,9 +36,6 @@ from fairgate.loadgen.peers.workloads import NAMES, PeerWorkload, peer_workload
 from fairgate.loadgen.replay import ReplayConfig, replay
 from fairgate.loadgen.serve_process import free_port, served_gateway
 from fairgate.workers.engines import engine_for
-
-from fairgate.core import LinearCost, engine_queue_slack, two_u
-from fairgate.core.fairness import in_flight_reach
 
 FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm (every
 # fairgate arm's name starts with it, no peer's does)

@@ -116,8 +116,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--backends", nargs="+", required=True, help="each engine's server, without /v1")
     args = parser.parse_args()
-    from fairgate.gateway.app import start_local_ray
     from ray import serve
+
+    from fairgate.gateway.app import start_local_ray
 
     start_local_ray()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
 from fairgate.loadgen.peers.bench import FAIRGATE
 
 TENANT_COLUMNS = 4  # tenants shown one by one; beyond, the one with the slowest median first token

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from fairgate.common.processes import stop_group
 from fairgate.loadgen.serve_process import LAUNCH_ENVIRONMENT, free_port, wait_for_completion
 

@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import openai
 import ray
-from fairgate.common.loopback import front_door
-from fairgate.dispatcher.actor import dispatcher_name
-from fairgate.gateway.app import build_app, wait_until_routed
-from fairgate.gateway.config import parse_config
-from fairgate.gateway.config_schema import GatewayConfig
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve import api as serve_api
 
+from fairgate.common.config import GatewayConfig
+from fairgate.common.loopback import front_door
+from fairgate.dispatcher.actor import dispatcher_name
+from fairgate.gateway.app import build_app, wait_until_routed
+from fairgate.gateway.config import parse_config
 from tests.conftest import free_port
 
 

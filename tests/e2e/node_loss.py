@@ -131,10 +131,11 @@ def main() -> dict[str, Any]:
     import openai
     import ray
     import yaml
-    from fairgate.gateway.app import build_app
-    from fairgate.gateway.config import parse_config
     from ray import serve
     from ray.serve import _private as _
+
+    from fairgate.gateway.app import build_app
+    from fairgate.gateway.config import parse_config
 
     temp_dir = tempfile.mkdtemp(prefix="fg-nodes-")
     head, node_a, node_b = Node("head"), Node("node-a"), Node("node-b")

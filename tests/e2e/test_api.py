@@ -8,6 +8,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
 
 from .gateway_helpers import Gateway, deploy

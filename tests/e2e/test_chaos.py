@@ -19,9 +19,9 @@ import openai
 import psutil
 import pytest
 import ray
-from fairgate.dispatcher.actor import dispatcher_name
 from ray import serve
 
+from fairgate.dispatcher.actor import dispatcher_name
 from tests.conftest import RedisServer
 from tests.e2e.gateway_helpers import Gateway, clients, deploy
 from tests.e2e.stream_clients import MAX_TOKENS, PROMPT, Outcomes, streaming_client
@@ -356,9 +356,8 @@ def test_tenants_changed_through_the_admin_api_survive_a_dispatcher_restart(chao
 def test_a_dispatcher_whose_start_failed_tries_again_on_the_next_call(serve_port, tmp_path):
     """Redis is not up when the dispatcher starts: that call fails clearly, and once Redis answers the
     next call starts the dispatcher (a failed start is never kept)."""
-    from fairgate.dispatcher.actor import get_or_create_dispatcher
-
     from fairgate.core import SchedulerConfig
+    from fairgate.dispatcher.actor import get_or_create_dispatcher
 
     redis_later = RedisServer(tmp_path, start=False)
     settings = {

@@ -17,8 +17,8 @@ import openai
 import psutil
 import pytest
 import yaml
-from fairgate.common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
 
+from fairgate.common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
 from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 import ray
-from fairgate.dispatcher.actor import dispatcher_name
 
+from fairgate.dispatcher.actor import dispatcher_name
 from tests.conftest import REPO
 from tests.e2e.gateway_helpers import clients, deploy
 

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 import ray
-from fairgate.dispatcher.actor import dispatcher_name
 
+from fairgate.dispatcher.actor import dispatcher_name
 from tests.conftest import RedisServer
 from tests.e2e.gateway_helpers import Gateway, deploy, scrape
 

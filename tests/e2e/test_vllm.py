@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
+from fairgate.core import LinearCost
 from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
 from fairgate.workers.engines.vllm.reference_server import vllm_server
 from fairgate.workers.engines.vllm.settings import VllmSettings
-
-from fairgate.core import LinearCost
 from tests.conftest import free_port
 
 from .gateway_helpers import MAX_TOKENS, Gateway, holds_nothing, overload, revocation_run, start_deploy

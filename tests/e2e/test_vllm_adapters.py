@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+
 from fairgate.workers.engines.vllm.reference_server import vllm_server
 from fairgate.workers.engines.vllm.settings import VllmSettings
-
 from tests.conftest import free_port
 
 from .gateway_helpers import Gateway, scrape, start_deploy

@@ -13,6 +13,7 @@ import socket
 import threading
 
 import pytest
+
 from fairgate.common.frame_guard import ADMISSION_HOP, HELLO_FRAME_BYTES, Guard, HandshakeRefused, hello_for, hop_key
 from fairgate.common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
 from fairgate.common.rpc import fairgate_pb2 as pb

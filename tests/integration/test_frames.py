@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from fairgate.common.frame_guard import Guard
 from fairgate.common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
 from fairgate.common.rpc import fairgate_pb2 as pb

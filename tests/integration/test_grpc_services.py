@@ -10,17 +10,17 @@ import time
 from dataclasses import dataclass
 
 import pytest
+
 from fairgate.common.frame_guard import DATA_PLANE_HOP, HandshakeRefused, hop_key
 from fairgate.common.frames import ConnectionLost, FrameConnection, connect
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tickets import TicketFields, sign, ticket_message
+from fairgate.core import LinearCost, SchedulerConfig
 from fairgate.dispatcher.service import REPORT_PACE_IDLE_S, DispatcherService, Placement, Rejected
 from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.runner import SimulatedRunner
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
 from fairgate.workers.worker import REPORT_LINGER_S, Worker
-
-from fairgate.core import LinearCost, SchedulerConfig
 
 SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
@@ -342,6 +342,7 @@ def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignme
 
 def test_a_worker_stream_that_never_says_hello_is_closed(monkeypatch):
     import grpc
+
     from fairgate.common.rpc import fairgate_pb2_grpc as rpc
     from fairgate.dispatcher import service as service_module
 

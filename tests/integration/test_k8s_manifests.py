@@ -18,9 +18,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from fairgate.gateway.config import parse_config
 from ray.serve.schema import ServeDeploySchema
 
+from fairgate.gateway.config import parse_config
 from tests.conftest import REPO
 
 CRDS = REPO / "k8s" / "schemas" / "kuberay-v1.7.0"
@@ -356,7 +356,7 @@ def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
         raw = yaml.safe_load(one(rendered[overlay], "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
         raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
         scheduler = parse_config(raw, overlay)[0].scheduler
-        assert scheduler["max_queued_per_tenant"] and scheduler["max_queued"] and scheduler["max_queue_s"], overlay
+        assert scheduler.max_queued_per_tenant and scheduler.max_queued and scheduler.max_queue_s, overlay
 
 
 def _render(k8s: Path, overlay: str) -> list[dict]:

@@ -9,9 +9,10 @@ import uuid
 
 import redis
 import yaml
+
 from fairgate.common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
-from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
-from fairgate.gateway.config import parse_config
+from fairgate.dispatcher.actor import DispatcherActor
+from fairgate.gateway.config import deployable, parse_config
 
 CLUSTER = "u" * 32
 KEYS = {"alice": "alice-key-from-before-1", "bob": "bob-key-from-before-22"}
@@ -29,7 +30,7 @@ def test_plain_digests_in_redis_become_keyed_hashes_and_the_keys_keep_working(re
     raw["state"] = {"redis_url": redis_url}
     config, _ = parse_config(raw)
     hasher = KeyHasher.from_environment(CLUSTER)
-    settings = dispatcher_settings(config.keyed(hasher).plain())
+    settings = deployable(config, CLUSTER)
 
     async def scenario():
         d = DispatcherActor.__ray_actor_class__(app, settings, CLUSTER)

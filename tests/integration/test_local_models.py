@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fairgate.workers.engines.vllm.local_models import SHAPES, VOCAB_SIZE, ensure_model
 from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
 from fairgate.workers.engines.vllm.settings import VllmSettings
@@ -53,8 +54,7 @@ def test_config_takes_a_vllm_section_and_names_bad_fields():
     config, _ = parse_config(raw)
     assert config.workers.engine == "vllm" and config.workers.settings["vllm"]["kv_tokens"] == 2048
     assert config.workers.num_gpus == 1.0
-    plain = config.plain()
-    assert context_limit(plain, plain["workers"]) == 2048  # the engine's context is below the ingress limit
+    assert context_limit(config.ingress, config.workers) == 2048  # the engine's context is below the ingress limit
     for workers, needle in (
         ({"engine": "tgi"}, "workers.engine"),
         ({"engine": "vllm", "vllm": {"modle": "tiny"}}, "unknown: modle"),

@@ -8,26 +8,27 @@ import asyncio
 import uuid
 
 import yaml
-from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
-from fairgate.gateway.config import parse_config
 
+from fairgate.common.config import GatewayConfig
 from fairgate.core.quotas import Amount
+from fairgate.dispatcher.actor import DispatcherActor
+from fairgate.gateway.config import deployable, parse_config
 
 SECRET = "q" * 32
 
 
-def _settings(redis_url: str) -> dict:
+def _settings(redis_url: str) -> GatewayConfig:
     with open("gateway/default_config.yaml") as f:
         raw = yaml.safe_load(f)
     raw["state"] = {"redis_url": redis_url}
     raw["quotas"] = [{"node": raw["tenants"][0]["name"], "window": "day", "max_tokens": 10_000}]
     config, _ = parse_config(raw)
-    return dispatcher_settings(config.plain())
+    return deployable(config, SECRET)
 
 
 def test_a_new_dispatcher_continues_with_the_saved_usage_and_holds(redis_url):
     settings = _settings(redis_url)
-    tenant = settings["quotas"][0]["node"]
+    tenant = settings.quotas[0].node
     app = "quota-" + uuid.uuid4().hex[:6]
 
     async def scenario():

@@ -6,11 +6,12 @@ import asyncio
 import uuid
 
 import pytest
+
+from fairgate.common.config import StateSettings
 from fairgate.common.sections import ConfigError
+from fairgate.core import FairScheduler, SchedulerConfig
 from fairgate.dispatcher.state_store import MemoryStore, RedisStore, open_store
 from fairgate.gateway.config import parse_config
-
-from fairgate.core import FairScheduler, SchedulerConfig
 
 SEED = [{"name": "alice", "key_hash": "h-a", "weight": 1.0}, {"name": "bob", "key_hash": "h-b", "weight": 2.0}]
 NODES = [{"name": "org", "parent": "", "weight": 2.0}, {"name": "org-b", "parent": "", "weight": 1.0}]
@@ -24,14 +25,14 @@ def test_yaml_tenants_seed_an_empty_redis_once_then_redis_wins(redis_url):
     app = "seed-" + uuid.uuid4().hex[:6]
 
     async def scenario():
-        first = await open_store({"redis_url": redis_url}, app)
+        first = await open_store(StateSettings(redis_url=redis_url), app)
         assert await first.load_tenants(SEED, NODES) == (SEED, NODES)
         await first.put_tenant({"name": "carol", "key_hash": "h-c", "weight": 3.0})
         await first.delete_tenant("alice")
         await first.put_node({"name": "team", "parent": "org", "weight": 5.0})
         await first.delete_node("org-b")
         await first.close()
-        again = await open_store({"redis_url": redis_url}, app)
+        again = await open_store(StateSettings(redis_url=redis_url), app)
         changed_yaml = [{"name": "alice", "key_hash": "h-a", "weight": 9.0}]
         tenants, nodes = await again.load_tenants(changed_yaml, [{"name": "other"}])
         await again.close()
@@ -55,15 +56,15 @@ def test_a_start_that_dies_while_seeding_leaves_redis_unseeded_and_the_next_star
         raise ConnectionError("the dispatcher's node went away")
 
     async def scenario():
-        first = await open_store({"redis_url": redis_url}, app)
+        first = await open_store(StateSettings(redis_url=redis_url), app)
         monkeypatch.setattr(Pipeline, "execute", dies)
         with pytest.raises(ConnectionError):
             await first.load_tenants(SEED, NODES)
         monkeypatch.setattr(Pipeline, "execute", execute)
         await first.close()
-        again = await open_store({"redis_url": redis_url}, app)
+        again = await open_store(StateSettings(redis_url=redis_url), app)
         loaded = await again.load_tenants(SEED, NODES)
-        racing = await open_store({"redis_url": redis_url}, app)
+        racing = await open_store(StateSettings(redis_url=redis_url), app)
         later = await racing.load_tenants([{"name": "other", "key_hash": "h-o", "weight": 1.0}], [])
         await again.close()
         await racing.close()
@@ -82,7 +83,7 @@ def test_durable_state_round_trips_through_redis(redis_url):
     s.on_report("w", {"r1": 3}, started={"r1": 10})
 
     async def scenario():
-        store = await open_store({"redis_url": redis_url, "key_prefix": "t"}, "state-" + uuid.uuid4().hex[:6])
+        store = await open_store(StateSettings(redis_url=redis_url, key_prefix="t"), "state-" + uuid.uuid4().hex[:6])
         assert await store.load_state() is None
         await store.save_state(s.durable_state())
         got = await store.load_state()
@@ -96,7 +97,7 @@ def test_durable_state_round_trips_through_redis(redis_url):
 
 
 def test_memory_store_is_the_default_and_keeps_nothing():
-    store = run(open_store({}, "x"))
+    store = run(open_store(StateSettings(), "x"))
     assert isinstance(store, MemoryStore)
     assert run(store.load_tenants(SEED, NODES)) == (SEED, NODES) and run(store.load_state()) is None
 
@@ -140,13 +141,13 @@ def test_configured_adapters_seed_redis_once_even_when_its_tenants_were_seeded_b
     app = "adapters-" + uuid.uuid4().hex[:6]
 
     async def scenario():
-        first = await open_store({"redis_url": redis_url}, app)
+        first = await open_store(StateSettings(redis_url=redis_url), app)
         await first.load_tenants(SEED, NODES)  # an older gateway's start
         assert await first.load_adapters(ADAPTERS) == ADAPTERS
         await first.put_adapter({"name": "sales", "base_model": "m", "path": "/w/sales", "nodes": [""]})
         await first.delete_adapter("support")
         await first.close()
-        again = await open_store({"redis_url": redis_url}, app)
+        again = await open_store(StateSettings(redis_url=redis_url), app)
         loaded = await again.load_adapters([{**ADAPTERS[0], "path": "/elsewhere"}])
         await again.close()
         return loaded

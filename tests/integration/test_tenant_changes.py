@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import yaml
+
 from fairgate.common.key_hashing import key_digest
-from fairgate.dispatcher.actor import DispatcherActor, dispatcher_settings
-from fairgate.gateway.config import parse_config
+from fairgate.dispatcher.actor import DispatcherActor
+from fairgate.gateway.config import deployable, parse_config
 
 
 def _dispatcher():
     with open("gateway/default_config.yaml") as f:
         config, _ = parse_config(yaml.safe_load(f))
-    return DispatcherActor.__ray_actor_class__("changes", dispatcher_settings(config.plain()), "s" * 32)
+    return DispatcherActor.__ray_actor_class__("changes", deployable(config, "s" * 32), "s" * 32)
 
 
 def test_a_failed_change_never_undoes_a_key_rotation_made_while_it_was_saving():

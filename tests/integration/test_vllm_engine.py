@@ -9,6 +9,8 @@ import contextlib
 import gc
 
 import pytest
+
+from fairgate.core import fit_profiled_cost
 from fairgate.loadgen.engine_replay import replay_into_runner
 from fairgate.loadgen.simulator import SimulationConfig, simulate
 from fairgate.loadgen.workloads import Phase, TenantSpec, generate
@@ -19,8 +21,6 @@ from fairgate.workers.engines.vllm.profiler import average_profiles, profile
 from fairgate.workers.engines.vllm.prompts import HuggingFacePrompts
 from fairgate.workers.engines.vllm.runner import VllmRunner
 from fairgate.workers.engines.vllm.settings import VllmSettings
-
-from fairgate.core import fit_profiled_cost
 
 pytestmark = pytest.mark.slow
 

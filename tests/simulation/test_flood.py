@@ -6,6 +6,7 @@ gives the light tenant a shorter first-token time than the engine's newest-first
 from __future__ import annotations
 
 import pytest
+
 from fairgate.loadgen.bench_flood import ARMS, HEAVY, LIGHT, bench_flood, ratio_to_round_robin
 
 

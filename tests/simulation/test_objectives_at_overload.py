@@ -7,6 +7,7 @@ far less often on the same traffic."""
 from __future__ import annotations
 
 import pytest
+
 from fairgate.loadgen.bench_slo import bench_slo
 
 

@@ -8,11 +8,11 @@ needed, not decoration)."""
 from __future__ import annotations
 
 import pytest
-from fairgate.loadgen.simulator import Simulation, SimulationConfig
-from fairgate.loadgen.workload_spec import workload_from_spec
 
 from fairgate.core import LinearCost
 from fairgate.core.fairness import engine_queue_slack, two_u
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload_spec import workload_from_spec
 
 KV = 10_000
 FLOOD = {

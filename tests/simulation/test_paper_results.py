@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
+from fairgate.core import LinearCost, engine_queue_slack
 from fairgate.loadgen.simulator import SimulationConfig, simulate
 from fairgate.loadgen.workload_spec import load_workloads
 from fairgate.loadgen.workloads import PRESETS, Phase, TenantSpec, generate
-
-from fairgate.core import LinearCost, engine_queue_slack
 
 SAME_LENGTH = {"overload", "proportional", "on_off_less", "on_off_overload", "increase", "dist_shift"}
 

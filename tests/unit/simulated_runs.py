@@ -4,9 +4,10 @@ model in virtual time), and an independent measure of the fairness bound on what
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import strategies as st
+
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload
-from hypothesis import strategies as st
 
 POOL = 1200
 

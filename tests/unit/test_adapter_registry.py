@@ -5,10 +5,11 @@ taken), as the admin API and the configuration both check them."""
 from __future__ import annotations
 
 import pytest
+
 from fairgate.common.sections import ConfigError
 from fairgate.dispatcher.adapter_registry import AdapterRecord, AdapterRegistry
 from fairgate.dispatcher.tenant_registry import TenantError, TenantRegistry
-from fairgate.gateway.config import parse_config
+from fairgate.gateway.config import deployable, parse_config
 
 TENANTS = [
     {"name": "alice", "key_hash": "a", "parent": "support"},
@@ -85,10 +86,10 @@ def test_the_configuration_checks_adapters_as_the_admin_api_does():
     config, _ = parse_config(
         {**CONFIG, "adapters": [{"name": "a1", "base_model": "fairgate-sim", "path": "/w", "nodes": ["alice"]}]}
     )
-    assert config.plain()["adapters"] == [
+    assert [a.model_dump() for a in config.adapters] == [
         {"name": "a1", "base_model": "fairgate-sim", "path": "/w", "nodes": ["alice"]}
     ]
-    assert config.plain()["adapter_models"] == {"fairgate-sim": True}
+    assert deployable(config, "s" * 32).adapter_models == {"fairgate-sim": True}
     for adapter, words in (
         ({"name": "a1", "base_model": "other", "path": "/w", "nodes": ["alice"]}, "no model 'other'"),
         ({"name": "a1", "base_model": "fairgate-sim", "path": "/w", "nodes": ["bob"]}, "no tree node or tenant 'bob'"),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from fairgate.common.sections import ConfigError
+from fairgate.core import Demand, FairScheduler, ReplicaCapacity, SchedulerConfig, desired_replicas
 from fairgate.gateway.config import parse_config
 from fairgate.workers.autoscaling import DispatcherDemandPolicy
-
-from fairgate.core import Demand, FairScheduler, ReplicaCapacity, SchedulerConfig, desired_replicas
 
 
 def demand(**kw) -> Demand:

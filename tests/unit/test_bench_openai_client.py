@@ -8,6 +8,7 @@ import collections
 import json
 
 import httpx
+
 from fairgate.loadgen.bench_openai import closed_loops, sse_data
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from fairgate.core import LinearCost, engine_queue_slack, two_u
 from fairgate.gateway.config import parse_config
 from fairgate.loadgen.peers.bench import (
     FAIRGATE,
@@ -24,8 +26,6 @@ from fairgate.loadgen.peers.routers import PEERS
 from fairgate.loadgen.peers.workloads import NAMES, peer_workload
 from fairgate.loadgen.workload import TraceRequest, WorkloadError
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
-
-from fairgate.core import LinearCost, engine_queue_slack, two_u
 
 
 def test_prompts_share_text_exactly_where_the_workload_shares_blocks():
@@ -94,7 +94,7 @@ def test_fairgates_configuration_is_one_it_accepts(name, controls):
         assert config.workers.count == 2
         assert config.ingress.replicas == w.gateway_instances
         assert arm.startswith(FAIRGATE)  # the verdict tells fairgate's arms from the peers' by name
-        policies[arm] = (config.scheduler["policy"], config.scheduler["placement"])
+        policies[arm] = (config.scheduler.policy, config.scheduler.placement)
     cache_aware = name == "mooncake"
     assert policies[FAIRGATE][0].startswith("vtc-locality") == cache_aware
     assert (policies[FAIRGATE][1] == "prefix-affinity") == cache_aware

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fairgate.common.key_hashing import key_digest
 from fairgate.common.sections import ConfigError, secret_from_env
 from fairgate.gateway.config import parse_config
@@ -43,6 +44,7 @@ def test_bad_admin_keys_are_refused(monkeypatch, admin, needle):
 def test_a_short_cluster_secret_is_refused_wherever_the_gateway_is_built(monkeypatch):
     """``fairgate serve`` and a deployment alike: every ticket and hop key derives from it."""
     import yaml
+
     from fairgate.common.sections import checked_cluster_secret
     from fairgate.gateway.app import build_app
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fairgate.loadgen.datasets import COST_PROFILE
 
 from fairgate.core import (
     REJECT_RATE_LIMITED,
@@ -17,6 +16,7 @@ from fairgate.core import (
     cost_from_spec,
 )
 from fairgate.core.costs import fit_profiled_cost
+from fairgate.loadgen.datasets import COST_PROFILE
 from tests.unit.schedulers import make
 
 
@@ -189,8 +189,8 @@ def test_the_admission_settings_of_a_config_are_checked_and_reservations_are_ref
 
     base = {"tenants": [{"name": "a", "api_key": "k" * 16}], "admin_api_key": "admin" * 4}
     config, _ = parse_config({**base, "max_engine_waiting": 0, "overcommit": 3})
-    assert (config.scheduler["max_engine_waiting"], config.scheduler["overcommit"]) == (0, 3.0)
-    assert SchedulerConfig.from_dict(config.scheduler).overcommit == 3.0
+    assert (config.scheduler.max_engine_waiting, config.scheduler.overcommit) == (0, 3.0)
+    assert SchedulerConfig.from_dict(config.scheduler.to_dict()).overcommit == 3.0  # as a snapshot keeps it
     for bad, says in (
         ({"max_engine_waiting": -1}, "max_engine_waiting"),
         ({"max_engine_waiting": True}, "max_engine_waiting"),

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 import pytest
+
 from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fairgate.common.prefix_hashes import for_adapter
 from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.adapters import LLAMA2_7B_RANK16, AdapterCache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fairgate.loadgen.datasets import COST_PROFILE
 from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 

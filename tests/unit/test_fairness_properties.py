@@ -5,12 +5,12 @@ counters and its snapshots are checked by the conformance suite, ``test_policy_c
 from __future__ import annotations
 
 import pytest
-from fairgate.loadgen.simulator import Simulation
-from fairgate.loadgen.workload import Workload
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fairgate.core import FairScheduler, LinearCost, SchedulerConfig, two_u
+from fairgate.loadgen.simulator import Simulation
+from fairgate.loadgen.workload import Workload
 from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, run, workload_of
 
 

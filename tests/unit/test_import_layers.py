@@ -28,8 +28,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from fairgate.workers.engines import engine_names
 
+from fairgate.workers.engines import engine_names
 from tests.conftest import REPO
 
 LAYERS = [

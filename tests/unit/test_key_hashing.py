@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from fairgate.common.key_hashing import KEYED_PREFIX, SECRET_ENV, KeyHasher, key_digest
 from fairgate.common.sections import ConfigError
 from fairgate.gateway.app import build_app
@@ -64,7 +65,7 @@ def test_what_the_app_is_built_from_holds_no_plain_digest_of_any_key(monkeypatch
     for key in ("alice-weak-key-1234", "bob-weak-key-12345", "admin-weak-key-123456"):
         assert key_digest(key) not in given and key not in given
         assert hasher.of_key(key) in given
-    assert ingress.init_args[1]["key_hash_fingerprint"] == hasher.fingerprint()
+    assert ingress.init_args[1].key_hash_fingerprint == hasher.fingerprint()
 
 
 def test_a_local_gateway_keeping_tenants_in_redis_needs_a_stable_secret(monkeypatch, tmp_path):

@@ -4,14 +4,13 @@ tier, placement by the prefill each tier saves, and the continuations the locali
 
 from __future__ import annotations
 
-from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
-from fairgate.workers.engines.simulated.tiers import MEDIUM_GPU, MEDIUM_HOST, MEDIUM_SHARED, BlockTier, TierSettings
-
 from fairgate.core import FairScheduler, SchedulerConfig
 from fairgate.core.continuations import Continuations
 from fairgate.core.model import Request
 from fairgate.core.out_of_order import LOCAL_WINDOW
 from fairgate.core.prefix_index import PrefixIndex
+from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
+from fairgate.workers.engines.simulated.tiers import MEDIUM_GPU, MEDIUM_HOST, MEDIUM_SHARED, BlockTier, TierSettings
 
 BLOCK = 16
 PREFILL = StepTimeModel(0.0, 1.0, 0.0, 0.0)  # a step costs its prefilled tokens: skipped prefill shows

@@ -7,13 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from fairgate.dispatcher.service import rejected
-from fairgate.gateway.config import ConfigError, parse_config
-from fairgate.ingress.errors import rejection_error
-from fairgate.ingress.prometheus import render_prometheus
-from fairgate.loadgen.bench_slo import slo_spec
-from fairgate.loadgen.simulator import Simulation, SimulationConfig
-from fairgate.loadgen.workload_spec import workload_from_spec
 
 from fairgate.core import SchedulerConfig
 from fairgate.core.classes import RequestClass, check_classes
@@ -22,6 +15,13 @@ from fairgate.core.placement import make_placement
 from fairgate.core.reasons import REJECT_OBJECTIVE
 from fairgate.core.wait_prediction import PROBE_AFTER_S, TARGET, ObjectiveRecord, WaitPredictor
 from fairgate.core.workers import WorkerTable
+from fairgate.dispatcher.service import rejected
+from fairgate.gateway.config import ConfigError, parse_config
+from fairgate.ingress.errors import rejection_error
+from fairgate.ingress.prometheus import render_prometheus
+from fairgate.loadgen.bench_slo import slo_spec
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.loadgen.workload_spec import workload_from_spec
 
 from .schedulers import make
 
@@ -70,7 +70,7 @@ def test_the_configuration_names_a_bad_objective_setting():
             ],
         }
     )
-    scheduler = SchedulerConfig.from_dict(config.scheduler)
+    scheduler = config.scheduler
     assert scheduler.objective_reserve == 0.25 and scheduler.classes[0].downgrade_to == "batch"
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fairgate.loadgen.pausing import listening_process, paused, process_tree
 
 # a parent that starts a child, both sleeping; prints the child's pid

@@ -26,8 +26,6 @@ import json
 import random
 
 import pytest
-from fairgate.loadgen.simulator import Simulation, SimulationConfig
-from fairgate.workers.engines.simulated import AdapterSettings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +43,8 @@ from fairgate.core import (
 from fairgate.core.classes import RequestClass
 from fairgate.core.policies import policy_examples
 from fairgate.core.tree import TreeNode
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.workers.engines.simulated import AdapterSettings
 from tests.unit.simulated_runs import (
     BURSTS,
     FLOOD,

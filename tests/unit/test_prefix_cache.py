@@ -5,12 +5,12 @@ cached prefix, and the locality slack."""
 from __future__ import annotations
 
 import pytest
-from fairgate.loadgen.simulator import Simulation, SimulationConfig
-from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 
 from fairgate.core import FairScheduler, LinearCost, SchedulerConfig, make_policy
 from fairgate.core.costs import ProfiledCost, cost_from_spec
 from fairgate.core.prefix_index import PrefixIndex
+from fairgate.loadgen.simulator import Simulation, SimulationConfig
+from fairgate.workers.engines.simulated import EngineRequest, SimulatedEngine, StepTimeModel
 from tests.unit.simulated_runs import workload_of
 
 BLOCK = 16

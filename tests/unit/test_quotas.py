@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from fairgate.gateway.config import parse_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairgate.core import FairScheduler, LinearCost, SchedulerConfig
 from fairgate.core.quotas import Amount, Prices, QuotaBook, QuotaRule
 from fairgate.core.reasons import REJECT_QUOTA
+from fairgate.gateway.config import parse_config
 
 HOUR = 3600.0
 # alice's hourly 1,000-token quota once 150 are used and nothing is held (its reset time left out)
@@ -176,11 +176,8 @@ def test_no_window_ever_uses_more_than_its_quota(rows):
 def test_the_configuration_checks_quotas():
     base = {"tenants": [{"name": "alice", "api_key": "a" * 20}], "admin_api_key": "fg-admin-" + "x" * 20}
     config, _ = parse_config({**base, "quotas": [{"node": "alice", "window": "hour", "max_tokens": 5000}]})
-    (quota,) = config.plain()["quotas"]
-    assert quota == {"node": "alice", "window": "hour", "max_tokens": 5000, "max_cost": None, "over": "reject"} | {
-        "min_tokens": None,
-        "min_cost": None,
-    }
+    (quota,) = config.quotas
+    assert quota.rule() == QuotaRule("alice", "hour", 5000)
     for quotas, needle in (
         ([{"node": "nobody", "window": "hour", "max_tokens": 5}], "no tenant or tree node named 'nobody'"),
         ([{"node": "alice", "window": "week", "max_tokens": 5}], "window"),
@@ -313,7 +310,7 @@ def test_the_configuration_checks_that_minimums_fit_their_parent_quota():
     }
     team = {"node": "team", "window": "hour", "max_tokens": 1000}
     config, _ = parse_config({**base, "quotas": [team, {"node": "alice", "window": "hour", "min_tokens": 600}]})
-    assert QuotaRule.from_dict(config.plain()["quotas"][1]).min_tokens == 600
+    assert config.quotas[1].rule().min_tokens == 600
     for quotas, needle in (
         (
             [

@@ -7,19 +7,20 @@ import json
 import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairgate.common.config import TelemetrySettings
 from fairgate.common.tracing import configure_tracing, finished_spans, set_tracing_active
+from fairgate.core import LinearCost
+from fairgate.core.fairness import backlogged_gap, jain_index, two_u
 from fairgate.dispatcher.metrics import Histogram, ServiceHistory
 from fairgate.ingress.prometheus import render_prometheus
 from fairgate.loadgen.bench_gateway import trace_one_request
-from prometheus_client.parser import text_string_to_metric_families
-
-from fairgate.core import LinearCost
-from fairgate.core.fairness import backlogged_gap, jain_index, two_u
 from tests.conftest import REPO
 
 
 def test_every_traced_request_is_one_tree_with_the_worker_span_under_generate():
-    configure_tracing({"traces": "memory"}, "fairgate-test")
+    configure_tracing(TelemetrySettings(traces="memory"), "fairgate-test")
     before = {s["span_id"] for s in finished_spans()}
     for i in range(40):
         trace_one_request(i)
@@ -209,8 +210,9 @@ def test_grafana_dashboard_queries_only_metrics_that_exist():
 
 
 def test_otlp_metrics_export_the_same_figures_with_capped_tenants():
-    from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
 
     reader = InMemoryMetricReader()
     provider = start_otlp_metrics(snapshot, top_n=2, reader=reader)

@@ -1,6 +1,7 @@
 """The tenant registry's rules, and the ingress's key cache."""
 
 import pytest
+
 from fairgate.dispatcher.tenant_registry import TenantError, TenantRegistry
 from fairgate.ingress.auth import KeyCache, LookupBudget
 

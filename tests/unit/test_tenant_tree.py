@@ -7,12 +7,12 @@ import random
 from collections import Counter
 
 import pytest
-from fairgate.loadgen.workload import WorkloadError
-from fairgate.loadgen.workload_spec import workload_from_spec
 
 from fairgate.core import FairScheduler, SchedulerConfig
 from fairgate.core.classes import RequestClass
 from fairgate.core.tree import TreeError
+from fairgate.loadgen.workload import WorkloadError
+from fairgate.loadgen.workload_spec import workload_from_spec
 from tests.unit.schedulers import make
 
 CLASSES = (RequestClass("interactive", 3.0, ttft_s=2.0), RequestClass("batch", 1.0), RequestClass("ops", strict=True))
@@ -305,11 +305,10 @@ def test_the_configuration_declares_the_tree_and_classes_and_names_what_is_wrong
     from fairgate.gateway.config import parse_config
 
     config, _ = parse_config(config_with())
-    plain = config.plain()
-    assert [n["name"] for n in plain["tree"]] == ["org", "team"]
-    assert plain["tenants"][0]["parent"] == "team" and plain["tenants"][0]["classes"] == ["interactive"]
-    assert [c["tier"] for c in plain["classes"]] == ["default", "flex"]
-    assert [c["name"] for c in plain["scheduler"]["classes"]] == ["interactive", "batch"]
+    assert [n.name for n in config.tree] == ["org", "team"]
+    assert config.tenants[0].parent == "team" and config.tenants[0].classes == ("interactive",)
+    assert [c.tier_name for c in config.classes] == ["default", "flex"]
+    assert [c.name for c in config.scheduler.classes] == ["interactive", "batch"]
     cases = [
         ({"tree": [{"name": "org", "parent": "team"}, {"name": "team", "parent": "org"}]}, "cycle"),
         ({"tree": [{"name": "team", "parent": "nowhere"}]}, "no tree node 'nowhere'"),

@@ -5,6 +5,7 @@ name instead of creating it from the dispatcher's settings)."""
 from __future__ import annotations
 
 import yaml
+
 from fairgate.gateway.app import build_app
 from fairgate.gateway.config import parse_config
 
@@ -22,7 +23,8 @@ def test_a_worker_replicas_init_arguments_hold_no_store_address_password_or_key_
     ingress = build_app("args", config, "s" * 32)._bound_deployment
     pools = ingress.init_args[3]
     assert len(pools) == 2
-    hashes = [t["key_hash"] for t in ingress.init_args[1]["tenants"]] + [ingress.init_args[1]["admin_key_hash"]]
+    gateway = ingress.init_args[1]
+    hashes = [t.key_hash for t in gateway.tenants] + [gateway.admin_key_hash]
     assert PASSWORD in repr(ingress.init_args)  # the ingress creates the dispatcher: it holds them
     for pool in pools:
         given = repr((pool._bound_deployment.init_args, pool._bound_deployment.init_kwargs))

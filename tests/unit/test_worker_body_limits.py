@@ -4,6 +4,7 @@ no engine-internal fields (``fairgate.workers.body_limits``)."""
 from __future__ import annotations
 
 import pytest
+
 from fairgate.workers.body_limits import (
     ENGINE_INTERNAL_FIELDS,
     BodyRefused,

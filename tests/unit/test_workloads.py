@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+
 from fairgate.loadgen.trace import load_trace_csv, synthesize_arena_trace
 from fairgate.loadgen.workload import WorkloadError
 from fairgate.loadgen.workload_spec import load_workloads

@@ -5,9 +5,8 @@ new sub-package here; importing this package imports none of the engines' heavy 
 
 from __future__ import annotations
 
-from fairgate.workers.engines.interface import EnginePlugin
-
 from fairgate.core.registry import Registry, discover
+from fairgate.workers.engines.interface import EnginePlugin
 
 ENGINES: Registry[type[EnginePlugin]] = Registry("engine")
 register = ENGINES.register

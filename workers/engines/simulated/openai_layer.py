@@ -10,6 +10,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
 from fairgate.common.openai_errors import ApiError, parse_body
 from fairgate.workers.engines.interface import Delta, GenerationParams, current_grant
 from fairgate.workers.engines.simulated.prompts import SimulatedPrompts
@@ -23,8 +26,6 @@ from fairgate.workers.engines.simulated.responses import (
     usage,
     whole_response,
 )
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 
 class StopScanner:

@@ -11,11 +11,10 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fairgate.common.prefix_hashes import block_hashes, for_adapter, hash_block_tokens, salted
+from fairgate.core.reasons import FINISH_REVOKED
 from fairgate.workers.engines.interface import ASGIApp, Delta, GenerationParams, KVEvent, StepCallback, StepReport
 from fairgate.workers.engines.simulated.model import EngineRequest, SimulatedEngine
 from fairgate.workers.engines.simulated.tokenizer import natural_length, stable_seed, token_ids, token_text
-
-from fairgate.core.reasons import FINISH_REVOKED
 
 CACHE_BLOCK_TOKENS = 16
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from fairgate.workers.engines.simulated.adapters import AdapterSettings
 from fairgate.workers.engines.simulated.steptime import StepTimeModel
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 STEP_PRESETS = {"a10g-llama7b": StepTimeModel.a10g_llama7b, "h200-llama3-8b": StepTimeModel.h200_llama3_8b}
 

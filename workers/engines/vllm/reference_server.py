@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
 from fairgate.common.processes import stop_group
 from fairgate.workers.engines.vllm.settings import VllmSettings
 

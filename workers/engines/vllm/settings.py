@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from fairgate.common.sections import validate_section
 from fairgate.workers.engines.vllm.local_models import SHAPES, ensure_model
-from pydantic import BaseModel, ConfigDict, Field
 
 CPU_DEFAULT_KV_TOKENS = 8192
 
