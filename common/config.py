@@ -53,8 +53,8 @@ _SCHEDULER_DEFAULTS = SchedulerConfig()  # one default per setting: the core's
 
 class SchedulerSettings(Section):
     """How the dispatcher orders and places requests (top-level keys of the configuration).
-    ``policy``: the fairness policy's spec (``vtc``, ``vtc-locality:2000``, ``fcfs``, ``rpm:60``, ...);
-    ``placement``: ``most-room`` or ``prefix-affinity``; ``strict_head_of_line``: when the next request
+    ``policy`` and ``placement``: plug-ins, named with their parameters (``vtc``, ``rpm:60``,
+    ``{name: vtc-locality, slack: 500}``, ``prefix-affinity``); ``strict_head_of_line``: when the next request
     fits no worker, wait for it (true) or let up to 16 others' requests go first; ``max_engine_waiting``:
     requests that may wait inside one engine beyond its room (0: none); ``overcommit``: the pools'
     worth of expected use the requests in flight on one worker may reach; ``objective_reserve``: the
@@ -62,10 +62,13 @@ class SchedulerSettings(Section):
     ``revoke``: take back requests engines hold unstarted from tenants more served than one that waits
     with nowhere to go (revocation by over-service)."""
 
-    policy: str = Field(
-        _SCHEDULER_DEFAULTS.policy, description="fairness policy: vtc, vtc-locality[:Δ], vtc-predict, fcfs, lcf, rpm:N"
+    policy: str | dict[str, Any] = Field(
+        _SCHEDULER_DEFAULTS.policy, description="the fairness policy: a plug-in spec ([plug-ins](#plug-ins))"
     )
-    placement: str = Field(_SCHEDULER_DEFAULTS.placement, description="which worker: most-room or prefix-affinity")
+    placement: str | dict[str, Any] = Field(
+        _SCHEDULER_DEFAULTS.placement,
+        description="which worker a request starts on: a plug-in spec ([plug-ins](#plug-ins))",
+    )
     cost: CostSettings = Field(default_factory=CostSettings, description="what a token costs (section below)")
     strict_head_of_line: bool = Field(
         _SCHEDULER_DEFAULTS.strict_head_of_line, description="a next request that fits nowhere waits, no one passes it"

@@ -28,6 +28,8 @@ from fairgate.common.config import (
     WorkerSettings,
 )
 from fairgate.common.tenant_schema import AdapterConfig, ClassConfig, NodeConfig, TenantEntry
+from fairgate.core.placement.base import PLACEMENTS
+from fairgate.core.policies.base import POLICIES
 from fairgate.workers.engines import engine_for, engine_names
 
 # keys of the top level that are not scheduler settings: (key, type, what it holds)
@@ -135,11 +137,42 @@ def doc_of(model: type[BaseModel]) -> str:
     return " ".join((model.__doc__ or "").split())
 
 
+PLUGINS_INTRO = (
+    "A policy or placement is a plug-in, named with its parameters: as text, `name` or `name:value` (the"
+    " first parameter) or `name:key=value,key=value`, or as a mapping, `{name: vtc-locality, slack: 500}`."
+    " An engine is named by `workers.engine` and takes the rest of the `workers` section as its parameters"
+    " (its section below). Every registered plug-in is listed here, from the registries themselves."
+)
+
+
+def plugins_table(rows: list[dict[str, Any]]) -> str:
+    """Plug-ins as the registries describe them: how each is written, its parameters, what it does."""
+    out = ["| written | parameters | what it is |", "|---|---|---|"]
+    for row in rows:
+        params = "; ".join(
+            f"`{p['name']}` ({p['type']}, "
+            + ("required" if p["required"] else f"default `{p['default']}`")
+            + "): "
+            + p["doc"]
+            for p in row["params"]
+        )
+        out.append(f"| `{row['usage']}` | {params or 'none'} | {row['summary']} |")
+    return "\n".join(out)
+
+
 def reference_markdown() -> str:
-    """The whole reference: the top level, each section, each engine's own keys."""
+    """The whole reference: the top level, the plug-ins, each section, each engine's own keys."""
     out = ["## Top level", "", doc_of(SchedulerSettings), "", section_table(SchedulerSettings), ""]
     out += ["The other top-level keys:", "", "| key | type | what it holds |", "|---|---|---|"]
     out += [f"| `{key}` | {kind} | {what} |" for key, kind, what in TOP_LEVEL]
+    out += ["", "## Plug-ins", "", PLUGINS_INTRO, "", "Fairness policies (`policy:`):", ""]
+    out += [
+        plugins_table(POLICIES.describe()),
+        "",
+        "Placement rules (`placement:`):",
+        "",
+        plugins_table(PLACEMENTS.describe()),
+    ]
     for name, model, where in SECTIONS:
         out += ["", f"## {name}", "", f"Where: {where}. {doc_of(model)}", ""]
         out.append(section_table(model, frozenset({"settings"}) if model is WorkerSettings else frozenset()))

@@ -285,9 +285,9 @@ def _scheduler(raw: dict[str, Any], classes: list[ClassConfig]) -> SchedulerConf
         overcommit=settings.overcommit,
         objective_reserve=settings.objective_reserve,
         revoke=settings.revoke,
-        policy=make_policy(settings.policy).spec,
+        policy=make_policy(settings.policy).spec,  # a mapping or text: kept as the text that builds it
         cost=cost_from_spec(settings.cost.model_dump(exclude_none=True)),
-        placement=make_placement(settings.placement).name,
+        placement=make_placement(settings.placement).spec,
         strict_head_of_line=settings.strict_head_of_line,
         max_queued_per_tenant=limits.max_queued_per_tenant,
         max_queued=limits.max_queued,

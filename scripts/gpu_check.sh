@@ -17,6 +17,6 @@ if ! "$python" -c "import vllm" 2>/dev/null; then
   exit 2
 fi
 nvidia-smi -L
-exec timeout 470 "$python" -m fairgate.cli bench vllm \
+exec timeout 470 "$python" -m fairgate bench vllm \
   --model llama3-8b --kv-tokens 65536 --max-num-seqs 64 --clients 96 --max-tokens 256 \
   --seconds 45 --policies vtc,fcfs --num-gpus 1 --eager "$@"

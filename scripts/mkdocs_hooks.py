@@ -1,16 +1,22 @@
-"""MkDocs hook: fills the configuration reference into docs/configuration.md from the schema at build
-time (``fairgate.gateway.config_reference``), so the page cannot drift from what the gateway accepts."""
+"""MkDocs hook: fills generated parts into the docs at build time, so that no page can drift from the
+code: the configuration reference into docs/configuration.md (``fairgate.gateway.config_reference``)
+and the table of every registered plug-in into docs/layout.md (``fairgate.cli.plugins``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-MARKER = "<!-- configuration reference: generated -->"
+CONFIGURATION = "<!-- configuration reference: generated -->"
+PLUGINS = "<!-- plug-ins: generated -->"
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if MARKER not in markdown:
-        return markdown
-    from fairgate.gateway.config_reference import reference_markdown
+    if CONFIGURATION in markdown:
+        from fairgate.gateway.config_reference import reference_markdown
 
-    return markdown.replace(MARKER, reference_markdown())
+        markdown = markdown.replace(CONFIGURATION, reference_markdown())
+    if PLUGINS in markdown:
+        from fairgate.cli.plugins import layout_markdown
+
+        markdown = markdown.replace(PLUGINS, layout_markdown())
+    return markdown

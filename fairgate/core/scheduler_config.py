@@ -15,7 +15,7 @@ from fairgate.core.policies import make_policy
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Knobs of the scheduler. ``policy``: the fairness policy's spec (``vtc``, ``rpm:5``, ...);
-    ``placement``: the placement rule's name.
+    ``placement``: the placement rule's (``most-room``, ...): each kept as the text that builds it.
 
     ``strict_head_of_line``: when the policy's next request fits nowhere, stop (True, the default) or
     try up to ``relaxed_scan`` further tenants in the policy's order.
@@ -61,7 +61,7 @@ class SchedulerConfig:
         object.__setattr__(self, "classes", check_classes(self.classes))
         if self.classes and not policy.tree:
             raise ValueError(f"request classes need a policy that orders by counters, not {policy.name!r}")
-        make_placement(self.placement)
+        object.__setattr__(self, "placement", make_placement(self.placement).spec)
         if not self.overcommit >= 1.0:
             raise ValueError(f"overcommit must be at least 1, got {self.overcommit}")
         if not 0.0 <= self.objective_reserve < 1.0:

@@ -27,7 +27,7 @@ from typing import Any
 
 from fairgate.core import LinearCost, engine_queue_slack, two_u
 from fairgate.core.fairness import in_flight_reach
-from fairgate.loadgen.bench_openai import PROMPT, OpenAIBenchConfig, bench_client, chat_body, closed_loops, stream_one
+from fairgate.loadgen.benches.openai import PROMPT, OpenAIBenchConfig, bench_client, chat_body, closed_loops, stream_one
 from fairgate.loadgen.pausing import paused
 from fairgate.loadgen.peers.backends import Backends, shared_backends
 from fairgate.loadgen.peers.prompts import prompt_builder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fairgate.loadgen.bench_gateway import dispatcher_requests_per_second
+from fairgate.loadgen.benches.gateway import dispatcher_requests_per_second
 
 
 def test_dispatcher_benchmark_runs_with_its_telemetry_on_and_off():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairgate.loadgen.bench_flood import ARMS, HEAVY, LIGHT, bench_flood, ratio_to_round_robin
+from fairgate.loadgen.benches.flood import ARMS, HEAVY, LIGHT, bench_flood, ratio_to_round_robin
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairgate.loadgen.bench_slo import bench_slo
+from fairgate.loadgen.benches.slo import bench_slo
 
 
 @pytest.fixture(scope="module")

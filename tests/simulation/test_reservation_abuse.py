@@ -5,7 +5,7 @@ stays as busy as the engine alone keeps it, and the backlogged gap stays inside 
 
 from __future__ import annotations
 
-from fairgate.loadgen.bench_reservation import bench_reservation
+from fairgate.loadgen.benches.reservation import bench_reservation
 
 GREEDY_DEMAND = 20 * (8 + 2 * 4)  # cost units a second: 20 req/s of 8 prompt + 4 output tokens
 

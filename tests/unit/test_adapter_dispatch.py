@@ -10,7 +10,7 @@ from fairgate.core import FairScheduler
 from fairgate.core.model import Request
 from fairgate.core.placement import make_placement
 from fairgate.core.workers import WorkerSlot
-from fairgate.loadgen.bench_adapters import AdaptersBenchConfig, bench_adapters, format_adapters
+from fairgate.loadgen.benches.adapters import AdaptersBenchConfig, bench_adapters, format_adapters
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload
 from fairgate.workers.engines.simulated import AdapterSettings

@@ -7,7 +7,7 @@ import itertools
 from pathlib import Path
 
 from fairgate.loadgen.agent_sessions import SYSTEM_TOKENS, agent_sessions
-from fairgate.loadgen.bench_locality import BASELINE, BLIND, CEILING, bench_locality
+from fairgate.loadgen.benches.locality import BASELINE, BLIND, CEILING, bench_locality
 from fairgate.loadgen.mooncake import DEFAULT_SHARES, MOONCAKE_BLOCK_TOKENS, load_mooncake
 
 

@@ -9,7 +9,7 @@ import json
 
 import httpx
 
-from fairgate.loadgen.bench_openai import closed_loops, sse_data
+from fairgate.loadgen.benches.openai import closed_loops, sse_data
 
 
 def test_closed_loops_make_every_call_and_count_failures_by_kind():

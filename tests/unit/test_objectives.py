@@ -19,7 +19,7 @@ from fairgate.dispatcher.service import rejected
 from fairgate.gateway.config import ConfigError, parse_config
 from fairgate.ingress.errors import rejection_error
 from fairgate.ingress.prometheus import render_prometheus
-from fairgate.loadgen.bench_slo import slo_spec
+from fairgate.loadgen.benches.slo import slo_spec
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload_spec import workload_from_spec
 

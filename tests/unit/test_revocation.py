@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from fairgate.core import FairScheduler, make_policy, unit_u
 from fairgate.core.reasons import FINISH_REVOKED
-from fairgate.loadgen.bench_revoke import RevokeBenchConfig, bench_revoke, count_starts, format_revoke
+from fairgate.loadgen.benches.revoke import RevokeBenchConfig, bench_revoke, count_starts, format_revoke
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from tests.unit.schedulers import make
 from tests.unit.simulated_runs import BURSTS, FLOOD, POOL, brute_force_max_gap, requests_strategy, workload_of

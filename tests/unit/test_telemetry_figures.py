@@ -15,7 +15,7 @@ from fairgate.core import LinearCost
 from fairgate.core.fairness import backlogged_gap, jain_index, two_u
 from fairgate.dispatcher.metrics import Histogram, ServiceHistory
 from fairgate.ingress.prometheus import render_prometheus
-from fairgate.loadgen.bench_gateway import trace_one_request
+from fairgate.loadgen.benches.gateway import trace_one_request
 from tests.conftest import REPO
 
 

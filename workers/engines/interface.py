@@ -22,6 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from fairgate.core.registry import Param
 from fairgate.workers.engine_alone import engine_alone
 
 ASGIApp = Callable[
@@ -186,6 +187,9 @@ class EnginePlugin:
     registered with ``fairgate.workers.engines.register``."""
 
     name: ClassVar[str]
+    # Its parameters are its settings (the ``workers`` section's keys beyond the replicas' own, or its
+    # ``settings_section`` there), checked by ``settings_model``; the registry's own list stays empty.
+    params: ClassVar[tuple[Param, ...]] = ()
     serves_models: ClassVar[bool] = False  # the command line's --model picks an engine that does
     uses_gpus: ClassVar[bool] = False  # each replica takes a GPU where the cluster has them
     default_replicas: ClassVar[int | None] = None  # replicas when chosen on the command line (None: the config's)

@@ -2,11 +2,15 @@
 
 Placement is separate from fairness (docs/architecture.md): the policy picks *which request* goes next, the
 placement rule picks *where*, among the workers that can start it now. One module per rule in this
-package, a ``PlacementRule`` subclass decorated with ``@register``; ``make_placement(name)`` builds one,
-and every registered rule runs through the conformance suite.
+package, a ``PlacementRule`` subclass decorated with ``@register``; ``make_placement(spec)`` builds one
+from a spec as every plug-in is built (``fairgate.core.registry``), and every registered rule runs
+through the conformance suite.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from fairgate.core.placement.base import PLACEMENTS, PlacementRule, register
 from fairgate.core.registry import discover
@@ -20,8 +24,7 @@ def placement_names() -> list[str]:
     return PLACEMENTS.names()
 
 
-def make_placement(name: str) -> PlacementRule:
-    cls = PLACEMENTS.get(str(name).strip().lower())
-    if cls is None:
-        raise ValueError(f"unknown placement {name!r} (expected one of: {', '.join(placement_names())})")
-    return cls()
+def make_placement(spec: str | Mapping[str, Any]) -> PlacementRule:
+    """A placement rule from its spec (e.g. ``most-room``, ``prefix-affinity:0.5``)."""
+    cls, values = PLACEMENTS.resolve(spec)
+    return cls(**values)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fairgate.core.model import Request
-from fairgate.core.placement.base import PlacementRule, fullness, most_room, register
+from fairgate.core.placement.base import BALANCE, BALANCE_DOC, PlacementRule, fullness, most_room, register
+from fairgate.core.registry import Param
 from fairgate.core.workers import WorkerSlot
-
-BALANCE = 0.25  # a worker more than this much fuller (fraction of its pool) than the emptiest is passed over
 
 
 @register
@@ -25,11 +24,17 @@ class AdapterAffinity(PlacementRule):
     """
 
     name = "adapter-affinity"
+    params = (Param("balance", float, BALANCE, BALANCE_DOC),)
+
+    def __init__(self, balance: float = BALANCE) -> None:
+        if not 0.0 <= balance <= 1.0:
+            raise ValueError(f"placement adapter-affinity: balance must be in [0, 1], got {balance}")
+        self.balance = balance
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
         if request is None or not request.adapter:
             return min(fits, key=most_room)
         emptiest = min(fullness(w) for w in fits)
-        near = [w for w in fits if fullness(w) <= emptiest + BALANCE]
+        near = [w for w in fits if fullness(w) <= emptiest + self.balance]
         adapter = request.adapter
         return min(near, key=lambda w: (-w.residency(adapter), *most_room(w)))

@@ -7,10 +7,12 @@ from typing import ClassVar
 
 from fairgate.core.model import Request
 from fairgate.core.prefix_index import PrefixIndex
-from fairgate.core.registry import Registry
+from fairgate.core.registry import Param, Registry, spec_text
 from fairgate.core.workers import WorkerSlot
 
 PLACEMENTS: Registry[type[PlacementRule]] = Registry("placement rule")
+BALANCE = 0.25  # the rules that prefer some workers pass over one this much fuller (of its pool) than the emptiest
+BALANCE_DOC = "a worker this much fuller (share of its pool) than the emptiest is passed over"
 register = PLACEMENTS.register
 
 
@@ -29,6 +31,12 @@ class PlacementRule:
     ``request`` is None when the scheduler only asks whether a request of some size would fit."""
 
     name: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()  # each an attribute of the same name (``spec`` writes them)
+
+    @property
+    def spec(self) -> str:
+        """The text that builds this rule again (``make_placement(rule.spec)``)."""
+        return spec_text(type(self), {p.name: getattr(self, p.name) for p in self.params})
 
     def attach(self, prefixes: PrefixIndex) -> None:
         """The scheduler's prefix index, for rules that place by cached prefix (others ignore it)."""

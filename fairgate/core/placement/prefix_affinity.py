@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fairgate.core.model import Request
-from fairgate.core.placement.base import PlacementRule, fullness, most_room, register
+from fairgate.core.placement.base import BALANCE, BALANCE_DOC, PlacementRule, fullness, most_room, register
 from fairgate.core.prefix_index import PrefixIndex
+from fairgate.core.registry import Param
 from fairgate.core.workers import WorkerSlot
 
-BALANCE = 0.25  # a worker more than this much fuller (fraction of its pool) than the emptiest is passed over
 # Prefill a cached token saves, by where it is: a load from host memory or the shared store costs a
 # few percent of the prefill it replaces on long prompts (workers/engines/simulated/tiers.py), and the
 # nearer copy is preferred between otherwise equal workers.
@@ -32,8 +32,12 @@ class PrefixAffinity(PlacementRule):
     """
 
     name = "prefix-affinity"
+    params = (Param("balance", float, BALANCE, BALANCE_DOC),)
 
-    def __init__(self) -> None:
+    def __init__(self, balance: float = BALANCE) -> None:
+        if not 0.0 <= balance <= 1.0:
+            raise ValueError(f"placement prefix-affinity: balance must be in [0, 1], got {balance}")
+        self.balance = balance
         self._prefixes = PrefixIndex()
 
     def attach(self, prefixes: PrefixIndex) -> None:
@@ -45,7 +49,7 @@ class PrefixAffinity(PlacementRule):
         emptiest = min(fullness(w) for w in fits)
         prefixes, prefix, block = self._prefixes, request.prefix, request.block_tokens
         expected = self._saved if prefixes.tiered else prefixes.expected_tokens
-        near = [w for w in fits if fullness(w) <= emptiest + BALANCE]  # the emptiest is always near
+        near = [w for w in fits if fullness(w) <= emptiest + self.balance]  # the emptiest is always near
         return min(near, key=lambda w: (-expected(w.id, prefix, block), *most_room(w)))
 
     def _saved(self, worker_id: str, prefix: Sequence[int], block: int) -> float:

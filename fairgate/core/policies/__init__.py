@@ -3,11 +3,15 @@
 A policy decides which waiting request is served next and who may queue at all; the scheduler does
 everything else (queues, charging through the ledger, placement, capacity). Adding a policy is adding
 one module here with a ``FairnessPolicy`` subclass decorated with ``@register``: it is found by name
-(``make_policy("name[:arg]")``), listed in the command line's help, and run through the conformance
-suite (``tests/unit/test_policy_conformance.py``) like every other policy.
+and built from a spec as every plug-in is (``fairgate.core.registry``: ``make_policy("rpm:5")`` or
+``make_policy({"name": "rpm", "limit": 5})``), listed in the command line's help and the reference,
+and run through the conformance suite (``tests/unit/test_policy_conformance.py``) like every other.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from fairgate.core.policies.base import POLICIES, FairnessPolicy, register
 from fairgate.core.registry import discover
@@ -22,8 +26,8 @@ def policy_names() -> list[str]:
 
 
 def policy_usages() -> list[str]:
-    """How each policy is written (e.g. ``rpm:N``), for help texts and errors."""
-    return [POLICIES[name].usage for name in POLICIES.names()]
+    """How each policy is written (e.g. ``rpm:LIMIT``), for help texts and errors."""
+    return POLICIES.usages()
 
 
 def policy_examples() -> list[str]:
@@ -31,11 +35,7 @@ def policy_examples() -> list[str]:
     return [spec for name in POLICIES.names() for spec in POLICIES[name].examples or (name,)]
 
 
-def make_policy(spec: str, seed: int = 0) -> FairnessPolicy:
-    """A fresh policy from its spec: ``name`` or ``name:argument`` (e.g. ``vtc``, ``rpm:5``)."""
-    text = str(spec).strip().lower()
-    name, _, arg = text.partition(":")
-    cls = POLICIES.get(name)
-    if cls is None:
-        raise ValueError(f"unknown policy {spec!r} (expected one of: {', '.join(policy_usages())})")
-    return cls.from_arg(arg if ":" in text else None, seed)
+def make_policy(spec: str | Mapping[str, Any], seed: int = 0) -> FairnessPolicy:
+    """A fresh policy from its spec (e.g. ``vtc``, ``rpm:5``, ``{name: vtc-locality, slack: 500}``)."""
+    cls, values = POLICIES.resolve(spec)
+    return cls(seed, **values)

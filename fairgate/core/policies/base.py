@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from fairgate.core.model import Request, Tenant
-from fairgate.core.registry import Registry
+from fairgate.core.registry import Param, Registry, spec_text
 
 POLICIES: Registry[type[FairnessPolicy]] = Registry("policy")
 register = POLICIES.register
@@ -41,7 +41,7 @@ class FairnessPolicy:
     """Base class: FIFO within a tenant, everyone admitted, no lift, nothing charged ahead."""
 
     name: ClassVar[str]
-    usage: ClassVar[str]  # how the policy is written, e.g. "rpm:N"
+    params: ClassVar[tuple[Param, ...]] = ()  # each an attribute of the same name (``spec`` writes them)
     examples: ClassVar[tuple[str, ...]] = ()  # specs that build it (the conformance suite runs each)
     work_conserving: ClassVar[bool] = True
     tree: ClassVar[bool] = False  # orders by counters, so tree nodes and request classes can be ordered alike
@@ -50,17 +50,10 @@ class FairnessPolicy:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    @classmethod
-    def from_arg(cls, arg: str | None, seed: int) -> FairnessPolicy:
-        """Build from the part after ``name:`` (None when there is none)."""
-        if arg is not None:
-            raise ValueError(f"policy {cls.name!r} takes no parameter, got {cls.name}:{arg}")
-        return cls(seed)
-
     @property
     def spec(self) -> str:
         """The text that builds this policy again (``make_policy(policy.spec)``)."""
-        return self.name
+        return spec_text(type(self), {p.name: getattr(self, p.name) for p in self.params})
 
     # ------------------------------------------------------------------ the policy's decisions
 

@@ -19,7 +19,6 @@ class FirstComeFirstServed(FairnessPolicy):
     """
 
     name = "fcfs"
-    usage = "fcfs"
 
     def key_function(self, tenants: Mapping[str, Tenant]) -> Callable[[str], float]:
         return lambda name: tenants[name].queue[0].seq

@@ -20,7 +20,6 @@ class LeastCounterFirst(VirtualTokenCounter):
     """
 
     name = "lcf"
-    usage = "lcf"
 
     def rejoin(self, tenant: Tenant, floor: Callable[[], Tenant | None]) -> None:
         return None

@@ -9,13 +9,14 @@ from typing import Any
 from fairgate.core.model import Tenant
 from fairgate.core.policies.base import register
 from fairgate.core.policies.fcfs import FirstComeFirstServed
+from fairgate.core.registry import Param
 
 WINDOW_S = 60.0
 
 
 @register
 class RequestsPerMinute(FirstComeFirstServed):
-    """Admit at most N requests per tenant in any trailing 60 s (``rpm:N``); refuse the others
+    """Admit at most LIMIT requests per tenant in any trailing 60 s (``rpm:LIMIT``); refuse the others
     (429, rate_limited); serve the admitted ones FCFS.
 
     Guarantee: no tenant is admitted more than N requests a minute. It is not work conserving: it
@@ -26,31 +27,16 @@ class RequestsPerMinute(FirstComeFirstServed):
     """
 
     name = "rpm"
-    usage = "rpm:N"
+    params = (Param("limit", int, doc="requests a tenant may have admitted in any trailing minute, at least 1"),)
     examples = ("rpm:3", "rpm:20")  # refusing most requests, and letting queues fill up
     work_conserving = False
 
     def __init__(self, seed: int = 0, limit: int = 1) -> None:
         super().__init__(seed)
+        if limit < 1:
+            raise ValueError(f"policy 'rpm:{limit}': rpm needs a whole limit of at least 1, e.g. rpm:5")
         self.limit = limit
         self._admitted: dict[str, deque[float]] = {}  # tenant -> admission times within the window
-
-    @classmethod
-    def from_arg(cls, arg: str | None, seed: int) -> RequestsPerMinute:
-        text = f"rpm:{arg}" if arg is not None else "rpm"
-        if arg is None:
-            raise ValueError(f"policy {text!r}: rpm needs a whole limit of at least 1, e.g. rpm:5")
-        try:
-            limit = float(arg)
-        except ValueError:
-            raise ValueError(f"policy {text!r}: requests per minute must be a number, got {arg!r}") from None
-        if limit != int(limit) or limit < 1:
-            raise ValueError(f"policy {text!r}: rpm needs a whole limit of at least 1, e.g. rpm:5")
-        return cls(seed, int(limit))
-
-    @property
-    def spec(self) -> str:
-        return f"rpm:{self.limit}"
 
     def admit(self, tenant: Tenant, now: float) -> bool:
         window = self._admitted.setdefault(tenant.name, deque())

@@ -25,7 +25,6 @@ class VirtualTokenCounter(FairnessPolicy):
     """
 
     name = "vtc"
-    usage = "vtc"
     tree = True
 
     def key_function(self, tenants: Mapping[str, Tenant]) -> Callable[[str], float]:

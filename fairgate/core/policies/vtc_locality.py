@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fairgate.core.policies.base import register
 from fairgate.core.policies.vtc import VirtualTokenCounter
+from fairgate.core.registry import Param
 
 DEFAULT_SLACK = 2_000.0
 
@@ -26,27 +27,18 @@ class LocalityVTC(VirtualTokenCounter):
     """
 
     name = "vtc-locality"
-    usage = "vtc-locality[:DELTA]"
+    params = (
+        Param(
+            "slack", float, DEFAULT_SLACK, "Δ, in counter units: how far above the least served a tenant may go first"
+        ),
+    )
     examples = ("vtc-locality:0", "vtc-locality:500", "vtc-locality")
 
     def __init__(self, seed: int = 0, slack: float = DEFAULT_SLACK) -> None:
         super().__init__(seed)
         if not slack >= 0 or slack == float("inf"):
             raise ValueError(f"vtc-locality: the slack must be a finite number >= 0, got {slack}")
-        self.locality_slack = float(slack)
-
-    @classmethod
-    def from_arg(cls, arg: str | None, seed: int) -> LocalityVTC:
-        if arg is None:
-            return cls(seed)
-        try:
-            return cls(seed, float(arg))
-        except ValueError:
-            raise ValueError(f"vtc-locality:DELTA needs a number >= 0 for DELTA, got {arg!r}") from None
-
-    @property
-    def spec(self) -> str:
-        return f"{self.name}:{self.locality_slack:g}"
+        self.slack = self.locality_slack = float(slack)
 
     def bound(self, u: float) -> float | None:
         return 2.0 * u + self.locality_slack

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fairgate.core.policies.base import register
 from fairgate.core.policies.vtc_predict import VtcPredict
 from fairgate.core.predictors import OraclePredictor
+from fairgate.core.registry import Param
 
 
 @register
@@ -17,26 +18,12 @@ class VtcOracle(VtcPredict):
     """
 
     name = "vtc-oracle"
-    usage = "vtc-oracle[:r]"
+    params = (Param("noise", float, 0.0, "r: the prediction is the true length times U(1 - r, 1 + r), r in [0, 1)"),)
     examples = ("vtc-oracle", "vtc-oracle:0.5")
 
     def __init__(self, seed: int = 0, noise: float = 0.0) -> None:
         super().__init__(seed)
+        if not 0.0 <= noise < 1.0:
+            raise ValueError(f"policy 'vtc-oracle:{noise}': oracle noise r must be in [0, 1)")
         self.noise = noise
         self.predictor = OraclePredictor(noise, seed)
-
-    @classmethod
-    def from_arg(cls, arg: str | None, seed: int) -> VtcOracle:
-        if arg is None:
-            return cls(seed)
-        try:
-            noise = float(arg)
-        except ValueError:
-            raise ValueError(f"policy 'vtc-oracle:{arg}': oracle noise r must be a number, got {arg!r}") from None
-        if not 0.0 <= noise < 1.0:
-            raise ValueError(f"policy 'vtc-oracle:{arg}': oracle noise r must be in [0, 1)")
-        return cls(seed, noise)
-
-    @property
-    def spec(self) -> str:
-        return f"vtc-oracle:{self.noise!r}" if self.noise else "vtc-oracle"

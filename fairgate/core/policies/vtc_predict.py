@@ -25,7 +25,6 @@ class VtcPredict(VirtualTokenCounter):
     """
 
     name = "vtc-predict"
-    usage = "vtc-predict"
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)

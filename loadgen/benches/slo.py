@@ -28,7 +28,9 @@ from typing import Any
 
 from fairgate.core import unit_u
 from fairgate.core.reasons import REJECT_OBJECTIVE
-from fairgate.loadgen.bench_tree import _sibling_gap, tree_shares
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, names, register
+from fairgate.loadgen.benches.shared import sibling_gap, tree_shares
 from fairgate.loadgen.metrics import quantile
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import Workload
@@ -139,7 +141,7 @@ def run_arm(workload: Workload, seed: int) -> dict[str, Any]:
         if not service_at_start and t >= WARMUP_S:
             service_at_start = {name: leaf.service for name, leaf in sched.tenants.items()}
         for node in [sched.tree.root, *sched.tree.nodes.values()]:
-            ratio, pair = _sibling_gap(node, bound)
+            ratio, pair = sibling_gap(node, bound)
             if ratio > worst:
                 worst, where = ratio, f"{node.name or 'root'}: {pair}"
     window = workload.duration_s - WARMUP_S
@@ -200,7 +202,7 @@ def _batch_shares(sim: Simulation, service: Mapping[str, float], end: float) -> 
         if WARMUP_S <= r.arrival_s < end and name != interactive:
             demand[name] = demand.get(name, 0.0) + total(r.prompt_tokens, r.output_target)
     demand[interactive] = service.get(interactive, 0.0)
-    rows = tree_shares(sched.tree, service, demand)
+    rows = tree_shares(sched.tree, service, demand, sched.book.default_class)
     return [
         {"leaf": r["name"], "service": r["service"], "fair_share": r["fair_share"], "ratio": r["ratio"]}
         for r in rows
@@ -248,3 +250,28 @@ def _pct(x: float | None) -> str:
 
 def _num(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+@register
+class SloBench(Bench):
+    """An interactive class's first-token objective at 2x overload: enforced (shed, downgrade) beside
+    queueing, one simulated engine."""
+
+    name = "slo"
+    help = "first-token objectives enforced at 2x overload, side by side with queueing"
+    params = (
+        Param("seconds", float, 1800.0, "simulated seconds of each arm"),
+        Param("seed", int, 3, "the workload's seed (every arm the same)"),
+        Param("arms", str, ",".join(ARMS), "comma-separated: " + ", ".join(ARMS)),
+    )
+
+    def check(self, options: Options) -> None:
+        names(options["arms"], "--arms", ARMS)
+        if options["seconds"] < 2 * WARMUP_S:
+            raise ValueError(f"--seconds must be at least {2 * WARMUP_S:g}")
+
+    def run(self, options: Options) -> Figures:
+        return bench_slo(options["seconds"], options["seed"], names(options["arms"], "--arms", ARMS))
+
+    def report(self, figures: Figures) -> str:
+        return format_slo(figures)

@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from fairgate.common.loopback import ray_environment
+from fairgate.core import make_policy
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, register
 from fairgate.workers.engines.interface import GenerationParams, StepReport
 
 PROMPT = "the tenant queue is served by the engine " * 8
@@ -162,3 +166,70 @@ def run_bench(config: VllmBenchConfig, port: int, policies: list[str]) -> dict[s
     for policy in policies:
         results[policy] = asyncio.run(through_gateway(config, port, policy))
     return results
+
+
+@register
+class VllmBench(Bench):
+    """Work conservation: a vLLM engine alone against the same engine through the gateway."""
+
+    name = "vllm"
+    help = "work conservation: a vLLM engine directly vs through the gateway"
+    params = (
+        Param("model", str, "small", "vLLM model (default: the project's ~100M 'small', dummy weights)"),
+        Param("kv_tokens", int, 8192, "KV pool of the engine, in tokens"),
+        Param("max_num_seqs", int, 16, "vLLM's batch limit"),
+        Param("clients", int, 36, "closed-loop clients, split 1 : 2 between two tenants"),
+        Param("max_tokens", int, 32, "output tokens per request"),
+        Param("seconds", float, 20.0, "measuring window, after a warm-up"),
+        Param("port", int, 8001, "HTTP port on 127.0.0.1 for the gateway run"),
+        Param("policies", str, "vtc", "comma-separated gateway policies to run (e.g. vtc,fcfs)"),
+        Param("num_gpus", float, 0.0, "GPUs for the gateway's vLLM worker"),
+        Param("eager", bool, False, "no CUDA graphs / compilation (starts faster)"),
+    )
+
+    def check(self, options: Options) -> None:
+        o = options
+        if min(o["kv_tokens"], o["max_num_seqs"], o["clients"], o["max_tokens"]) < 1 or o["seconds"] <= 0:
+            raise ValueError("--kv-tokens, --max-num-seqs, --clients, --max-tokens and --seconds must be positive")
+        for policy in self._policies(o):
+            make_policy(policy)
+
+    def run(self, options: Options) -> Figures:
+        ray_environment()  # before anything imports Ray
+        o = options
+        config = VllmBenchConfig(
+            model=o["model"],
+            kv_tokens=o["kv_tokens"],
+            max_num_seqs=o["max_num_seqs"],
+            clients=o["clients"],
+            max_tokens=o["max_tokens"],
+            window_s=o["seconds"],
+            num_gpus=o["num_gpus"],
+            enforce_eager=True if o["eager"] else None,
+        )
+        results = run_bench(config, o["port"], self._policies(o))
+        runs = {label: asdict(r) for label, r in results.items()}
+        return {"config": asdict(config), "split": config.split(), "runs": runs}
+
+    def report(self, figures: Figures) -> str:
+        c, runs = figures["config"], figures["runs"]
+        direct = runs["vLLM alone"]["tokens_per_s"]
+        out = [
+            f"offered load: {c['clients']} closed-loop clients {figures['split']}, {c['max_tokens']} output tokens "
+            f"each, {c['window_s']:.0f} s measured after a warm-up",
+            f"{'run':<12} {'tokens/s':>9} {'of alone':>9} {'batch':>6} {'alice':>10} {'bob':>10} {'max gap':>9} "
+            f"{'2U':>9} {'backlogged':>11}",
+        ]
+        for label, r in runs.items():
+            line = f"{label:<12} {r['tokens_per_s']:>9.1f} {r['tokens_per_s'] / direct:>9.1%} {r['mean_batch']:>6.1f}"
+            if r["service"] is not None:
+                line += (
+                    f" {r['service']['alice']:>10,.0f} {r['service']['bob']:>10,.0f} {r['max_gap']:>9,.0f}"
+                    f" {r['two_u']:>9,.0f} {r['backlogged']:>11.0%}"
+                )
+            out.append(line)
+        return "\n".join(out)
+
+    @staticmethod
+    def _policies(options: Options) -> list[str]:
+        return [p.strip() for p in options["policies"].split(",") if p.strip()]

@@ -31,7 +31,10 @@ from typing import Any
 
 import httpx
 
-from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, split_cpus
+from fairgate.common.loopback import FRONT_DOORS
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, names, register
+from fairgate.loadgen.cpu_split import MACHINE_CPUS, busy_share, cpu_times, parse_cpus, split_cpus
 from fairgate.loadgen.pausing import listening_process, paused
 from fairgate.loadgen.serve_process import free_port, served_gateway
 from fairgate.workers.engines import engine_for
@@ -310,3 +313,110 @@ def _median(runs: list[ArmResult]) -> ArmResult:
     for r in runs:
         kinds.update(r.error_kinds)
     return ArmResult(**medians, errors=sum(r.errors for r in runs), error_kinds=dict(kinds))
+
+
+@register
+class OpenAIBench(Bench):
+    """The gateway against its engine's own OpenAI server, side by side, the other arm paused."""
+
+    name = "openai"
+    help = "the gateway against its engine's own OpenAI server, side by side"
+    params = (
+        Param("engine", str, "simulated", "the engine plug-in"),
+        Param("model", str, "", "vLLM model (default tiny); the simulated engine: fairgate-sim"),
+        Param("kv_tokens", int, 0, "KV pool (0: vLLM 8192, simulated 1,000,000)"),
+        Param("max_num_seqs", int, 64, "vLLM's batch limit"),
+        Param("cpu_threads", int, 1, "vLLM's CPU kernel threads (unpinned), both arms"),
+        Param("dtype", str, "", "vLLM's dtype, both arms (e.g. float32 where bfloat16 kernels fail)"),
+        Param(
+            "engine_cpus",
+            str,
+            "",
+            "cores for the engine's own processes alone, both arms (e.g. 1): the rest run every other process, as "
+            "a GPU host's engine has its device and cores (default: all share every core)",
+        ),
+        Param("concurrency", int, 24, "streams at once"),
+        Param("requests", int, 480, "streamed chat requests per arm and round"),
+        Param("short_requests", int, 1200, "1-token completions per arm and round"),
+        Param("max_tokens", int, 64, "output tokens per request"),
+        Param("prompt_words", int, 0, "words per streamed prompt, none shared (0: one short sentence)"),
+        Param("step_ms", float, 1.0, "the simulated engine's step time"),
+        Param("rounds", int, 4, "passes of each arm, the other paused (medians are printed)"),
+        Param("front_doors", str, "direct,haproxy", "the gateway arms, one per front door: direct, haproxy, serve"),
+    )
+
+    def check(self, options: Options) -> None:
+        o = options
+        if min(o["concurrency"], o["requests"], o["short_requests"], o["max_tokens"], o["max_num_seqs"]) < 1:
+            raise ValueError(
+                "--concurrency, --requests, --short-requests, --max-tokens, --max-num-seqs must be positive"
+            )
+        if o["step_ms"] < 0 or o["kv_tokens"] < 0:
+            raise ValueError("--step-ms and --kv-tokens must not be negative")
+        names(o["front_doors"], "--front-doors", FRONT_DOORS)
+        plugin = engine_for(o["engine"])
+        if o["engine_cpus"]:
+            if not plugin.engine_process_titles:
+                raise ValueError(
+                    f"--engine-cpus: the {o['engine']} engine runs inside its worker, with no processes to pin"
+                )
+            parse_cpus(o["engine_cpus"])
+
+    def run(self, options: Options) -> Figures:
+        o = options
+        plugin = engine_for(o["engine"])
+        given = {"model": o["model"] or None, "kv_tokens": o["kv_tokens"] or None, "max_num_seqs": o["max_num_seqs"]}
+        given |= {"cpu_threads": o["cpu_threads"], "step_ms": o["step_ms"], "dtype": o["dtype"] or None}
+        settings, model = plugin.benchmark_settings(given)
+        config = OpenAIBenchConfig(o["engine"], settings, model)
+        config.concurrency, config.requests, config.max_tokens = o["concurrency"], o["requests"], o["max_tokens"]
+        config.short_requests, config.prompt_words = o["short_requests"], max(0, o["prompt_words"])
+        if o["engine_cpus"]:
+            config.engine_cpus = tuple(sorted(parse_cpus(o["engine_cpus"])))
+        doors = names(o["front_doors"], "--front-doors", FRONT_DOORS)
+        out = bench_openai(config, doors, rounds=max(1, o["rounds"]))
+        shape = {"short_concurrency": config.short_concurrency, "reference": plugin.reference_name}
+        return {"options": dict(o), "doors": list(doors)} | shape | out
+
+    def report(self, figures: Figures) -> str:
+        o, doors = figures["options"], figures["doors"]
+        words = f", {o['prompt_words']}-word prompts" if o["prompt_words"] else ""
+        out = [
+            f"{o['engine']} engine, streaming chat: {o['concurrency']} streams x {o['max_tokens']} output tokens"
+            f"{words}, {o['requests']} requests per arm and round; light load: 1 stream; short: 1-token "
+            f"completions, {figures['short_concurrency']} at once; medians of {max(1, o['rounds'])} rounds, each arm "
+            "measured with the other paused"
+        ]
+        if o["engine_cpus"]:
+            n = figures["pinned_processes"]
+            out.append(
+                f"engine processes on CPUs {o['engine_cpus']} alone ({n['engine']} of both arms); every other "
+                f"process ({n['host']}) on the rest"
+            )
+        out.append(
+            f"{'':<26} {'tokens/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'light TTFT':>11} {'short req/s':>12} "
+            f"{'errors':>7} {'engine CPU':>11} {'host CPU':>9}"
+        )
+        labels = {"alone": figures["reference"]} | {d: f"fairgate, {d} front door" for d in doors}
+        for arm, row in figures["arms"].items():
+            out.append(
+                f"{labels[arm]:<26} {row['output_tokens_per_s']:>9.0f} {row['ttft_p50_ms']:>7.1f}ms "
+                f"{row['ttft_p99_ms']:>7.1f}ms {row['light_ttft_p50_ms']:>9.1f}ms {row['short_requests_per_s']:>12.1f} "
+                f"{row['errors']:>7} {row['engine_cpu_busy']:>11.0%} {row['host_cpu_busy']:>9.0%}"
+            )
+        out.append(
+            "(engine / host CPU: how busy those cores were in the loaded phase; engine: with --engine-cpus only)"
+        )
+        for arm, row in figures["arms"].items():
+            if row["error_kinds"]:
+                kinds = ", ".join(f"{n} x {kind}" for kind, n in sorted(row["error_kinds"].items()))
+                out.append(f"errors of {labels[arm]}: {kinds}")
+        for door, r in figures["ratios"].items():
+            out.append(
+                f"fairgate ({door}) / alone: {r['output_tokens_per_s']:.2f}x tokens/s, "
+                f"{r['short_requests_per_s']:.2f}x short requests/s; TTFT p50 {r['ttft_p50_ms_overhead']:+.1f} ms "
+                f"loaded, {r['light_ttft_p50_ms_overhead']:+.1f} ms at light load"
+            )
+            each = " ".join(f"{x['output_tokens_per_s']:.2f}" for x in figures["round_ratios"][door])
+            out.append(f"  each round's tokens/s ratio (medians above): {each}")
+        return "\n".join(out)

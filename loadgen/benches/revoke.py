@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, numbers, register
 from fairgate.loadgen.metrics import quantile
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload
@@ -222,3 +224,35 @@ def format_revoke(result: Mapping[str, Any]) -> str:
         f"bound held: {result['bound_held']}"
     )
     return "\n".join(lines)
+
+
+@register
+class RevokeBench(Bench):
+    """Revocation by over-service against none, engines' batches and queues full of one tenant's requests."""
+
+    name = "revoke"
+    help = "revocation by over-service against none, on full engines (simulated)"
+    params = (
+        Param("seconds", float, 600.0, "simulated seconds of traffic per seed"),
+        Param("seeds", str, "1,2,3,4,5", "comma-separated workload seeds (both arms on each)"),
+        Param("max_running", int, 16, "the engines' batch limit (large: KV-bound engines)"),
+        Param("kv_tokens", int, 20_000, "each engine's KV pool, in tokens"),
+    )
+
+    def check(self, options: Options) -> None:
+        numbers(options["seeds"], "--seeds")
+        if options["seconds"] <= 0 or options["max_running"] < 1 or options["kv_tokens"] < 1024:
+            raise ValueError("--seconds and --max-running must be positive, --kv-tokens at least 1024")
+
+    def run(self, options: Options) -> Figures:
+        seeds = numbers(options["seeds"], "--seeds")
+        config = RevokeBenchConfig(
+            seeds=seeds,
+            duration_s=options["seconds"],
+            max_running=options["max_running"],
+            kv_tokens=options["kv_tokens"],
+        )
+        return bench_revoke(config)
+
+    def report(self, figures: Figures) -> str:
+        return format_revoke(figures)

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from fairgate.loadgen.bench_reservation import service_row
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, numbers, register
+from fairgate.loadgen.benches.shared import service_row
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload
 
@@ -78,3 +80,48 @@ def ratio_to_round_robin(rows: list[dict[str, Any]]) -> dict[tuple[int, str], fl
     """Each arm's tokens/s over the round-robin arm's on as many engines."""
     base = {r["replicas"]: r["throughput_tokens_per_s"] for r in rows if r["arm"] == ARMS[0].name}
     return {(r["replicas"], r["arm"]): r["throughput_tokens_per_s"] / max(base[r["replicas"]], 1e-9) for r in rows}
+
+
+@register
+class FloodBench(Bench):
+    """A KV-bound flood: fairgate against a round-robin front on the same simulated engines."""
+
+    name = "flood"
+    help = "KV-bound flood: fairgate against a round-robin front, same engines"
+    params = (
+        Param("seconds", float, 300.0, "simulated seconds of each run"),
+        Param("replicas", str, "1,4", "comma-separated engine counts"),
+    )
+
+    def check(self, options: Options) -> None:
+        if options["seconds"] <= 0:
+            raise ValueError("--seconds must be positive")
+        numbers(options["replicas"], "--replicas")
+
+    def run(self, options: Options) -> Figures:
+        rows = bench_flood(options["seconds"], numbers(options["replicas"], "--replicas"))
+        ratios = ratio_to_round_robin(rows)
+        for r in rows:
+            r["vs_round_robin"] = ratios[(r["replicas"], r["arm"])]
+        return {"seconds": options["seconds"], "tenant_light": LIGHT, "rows": rows}
+
+    def report(self, figures: Figures) -> str:
+        loops = ", ".join(f"{t} {n}" for t, n in OUTSTANDING.items())
+        out = [
+            f"KV-bound flood, {figures['seconds']:.0f} simulated s; closed loops: {loops} outstanding; "
+            "~400 in / 300 out",
+            f"{'engines':>7}  {'arm':<34} {'tokens/s':>9} {'vs RR':>6}  {'shares (heavy/light)':>20}  "
+            f"{'gap / bound':>17}  {'preempt':>7}  light TTFT",
+        ]
+        for r in figures["rows"]:
+            share = "/".join(f"{v:.0%}" for v in r["share"].values())
+            gap = "-" if r["arm"] == ARMS[0].name else f"{r['max_backlogged_gap']:,.0f}"  # no queue to be backlogged in
+            ttft = r["light_mean_ttft_s"]
+            out.append(
+                f"{r['replicas']:>7}  {r['arm']:<34} {r['throughput_tokens_per_s']:>9.0f}"
+                f" {r['vs_round_robin']:>5.2f}x"
+                f"  {share:>20}  {gap:>7} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
+                f"  {'-' if ttft is None else f'{ttft:.2f} s'}"
+                f"{'' if r['bound_held'] else '  (over the bound)'}"
+            )
+        return "\n".join(out)

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairgate.core import unit_u
-from fairgate.core.fairness import max_min_shares
-from fairgate.core.tree import TenantTree, TreeNode
+from fairgate.core.registry import Param
+from fairgate.core.tree import TenantTree
+from fairgate.loadgen.benches.base import Bench, Figures, Options, register
+from fairgate.loadgen.benches.shared import sibling_gap, tree_shares
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import Workload
 from fairgate.loadgen.workload_spec import workload_from_spec
@@ -89,7 +91,7 @@ def run_tree(workload: Workload, replicas: int, seed: int = 42) -> TreeRun:
         if at_start is None and t >= start:
             at_start = list(sim.recorder.service)
         for node in [sched.tree.root, *sched.tree.nodes.values()]:
-            ratio, pair = _sibling_gap(node, 2.0 * u)
+            ratio, pair = sibling_gap(node, 2.0 * u)
             if ratio > worst:
                 worst, where = ratio, f"{node.name or 'root'}: {pair}"
     rec = sim.recorder
@@ -109,63 +111,9 @@ def run_tree(workload: Workload, replicas: int, seed: int = 42) -> TreeRun:
     return TreeRun(workload, service, demand, worst, where, ttft, capacity, sched.tree)
 
 
-def _sibling_gap(node: TreeNode, bound: float) -> tuple[float, str]:
-    """The largest |c_f - c_g| x min(w_f, w_g) / bound among the backlogged children of ``node``."""
-    members = [node.kids[name] for name, _ in node.waiting.entries()]  # type: ignore[union-attr]
-    worst, pair = 0.0, ""
-    for i, f in enumerate(members):
-        for g in members[i + 1 :]:
-            ratio = abs(f.counter - g.counter) * min(f.weight, g.weight) / bound
-            if ratio > worst:
-                worst, pair = ratio, f"{f.name} / {g.name}"
-    return worst, pair
-
-
 def node_shares(run: TreeRun) -> list[dict[str, Any]]:
     """Every node and leaf of the run's tree against its weighted max-min fair share (``tree_shares``)."""
-    return tree_shares(run.tree, run.service, run.demand)
-
-
-def tree_shares(tree: TenantTree, service: Mapping[str, float], demand: Mapping[str, float]) -> list[dict[str, Any]]:
-    """Every node and leaf of ``tree``: its service, its weighted max-min fair share given its
-    subtree's demand (water-filled level by level from the root, each node sharing what it got), and
-    their ratio. A key's default-class leaf is shown as ``key~class``."""
-    rows: list[dict[str, Any]] = []
-
-    def total(member: Any, table: Mapping[str, float]) -> float:
-        if type(member) is TreeNode:
-            return sum(total(kid, table) for kid in member.kids.values())
-        return table.get(member.name, 0.0)
-
-    def label(member: Any, parent: TreeNode) -> str:
-        if type(member) is not TreeNode and parent.implicit and member.name == parent.name:
-            return f"{member.name}~{CLASSES[0]['name']}"
-        return member.name
-
-    def fill(node: TreeNode, allocation: float, depth: int) -> None:
-        kids = list(node.kids.values())
-        demands = [total(k, demand) for k in kids]
-        shares, _ = max_min_shares(demands, [k.weight for k in kids], allocation)
-        for kid, owed in zip(kids, shares, strict=True):
-            got = total(kid, service)
-            rows.append(
-                {
-                    "node": label(kid, node),
-                    "name": kid.name,
-                    "leaf": type(kid) is not TreeNode,
-                    "parent": node.name or "root",
-                    "depth": depth,
-                    "weight": kid.weight,
-                    "service": got,
-                    "fair_share": owed,
-                    "ratio": got / owed if owed else None,
-                }
-            )
-            if type(kid) is TreeNode:
-                fill(kid, got, depth + 1)
-
-    fill(tree.root, sum(service.values()), 1)
-    return rows
+    return tree_shares(run.tree, run.service, run.demand, CLASSES[0]["name"])
 
 
 def bench_tree(duration_s: float = 1800.0, replicas: int = 4) -> dict[str, Any]:
@@ -255,3 +203,32 @@ def format_tree(result: Mapping[str, Any]) -> str:
         f"largest backlogged sibling gap / bound: {p['gap_over_bound']:.3f}",
     ]
     return "\n".join(lines)
+
+
+@register
+class TreeBench(Bench):
+    """A tenant tree with request classes: per-level shares against their fair shares, the bound per
+    sibling pair, the interactive class's first-token objective."""
+
+    name = "tree"
+    help = "tenant tree and request classes: per-level shares, first-token objective"
+    params = (
+        Param("seconds", float, 1800.0, "simulated seconds of each run"),
+        Param("replicas", int, 4, "simulated engines"),
+    )
+
+    def check(self, options: Options) -> None:
+        if options["seconds"] < 60 or options["replicas"] < 1:
+            raise ValueError("--seconds must be at least 60 and --replicas at least 1")
+
+    def run(self, options: Options) -> Figures:
+        return {"seconds": options["seconds"], "replicas": options["replicas"]} | bench_tree(
+            options["seconds"], options["replicas"]
+        )
+
+    def report(self, figures: Figures) -> str:
+        return (
+            "two organisations 1:3, three teams each (weights 1, 2, 3: ten keys, one key, one key mixing "
+            f"interactive 3 : batch 1), {figures['replicas']} simulated A10G engines, {figures['seconds']:g} "
+            "simulated s per run\n" + format_tree(figures)
+        )

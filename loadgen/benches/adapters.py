@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, register
 from fairgate.loadgen.metrics import quantile
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
 from fairgate.loadgen.workload import TraceRequest, Workload
@@ -177,3 +179,45 @@ def format_adapters(result: Mapping[str, Any]) -> str:
             f"adapters' p99 first token {result['cold_hot_p99_ttft_ratio']:.2f}x; bound held: {result['bound_held']}"
         )
     return "\n".join(lines)
+
+
+@register
+class AdaptersBench(Bench):
+    """Per-tenant LoRA adapters (Zipf popularity) on simulated engines holding a few each: fairgate
+    against adapter-blind VTC and a prefer-loaded router."""
+
+    name = "adapters"
+    help = "per-tenant LoRA adapters: fairgate vs adapter-blind VTC vs prefer-loaded"
+    params = (
+        Param("seconds", float, 600.0, "simulated seconds of traffic"),
+        Param("rate", float, 8.0, "requests/s over all tenants"),
+        Param("adapters", int, 50, "tenants, one adapter each"),
+        Param("zipf", float, 1.0, "the popularity's Zipf exponent"),
+        Param("max_loras", int, 4, "adapters an engine's batch and GPU hold"),
+        Param("slack", float, -1.0, "fairgate's locality slack (negative: the bench's)"),
+        Param("seed", int, 1, "the workload's seed (every arm the same)"),
+    )
+
+    def check(self, options: Options) -> None:
+        o = options
+        if o["seconds"] <= 0 or o["rate"] <= 0 or o["adapters"] < 10 or o["max_loras"] < 1 or o["zipf"] < 0:
+            raise ValueError("--seconds and --rate must be positive, --adapters at least 10, --max-loras at least 1")
+        if o["slack"] == float("inf"):
+            raise ValueError("--slack must be a finite number >= 0")
+
+    def run(self, options: Options) -> Figures:
+        o = options
+        config = AdaptersBenchConfig(
+            seed=o["seed"],
+            duration_s=o["seconds"],
+            rate=o["rate"],
+            adapters=o["adapters"],
+            zipf=o["zipf"],
+            max_loras=o["max_loras"],
+            max_cpu_loras=max(16, o["max_loras"]),
+            **({} if o["slack"] < 0 else {"slack": o["slack"]}),
+        )
+        return bench_adapters(config)
+
+    def report(self, figures: Figures) -> str:
+        return format_adapters(figures)
