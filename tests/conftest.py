@@ -24,6 +24,15 @@ settings.register_profile("quick", max_examples=5, deadline=None, suppress_healt
 settings.load_profile(os.environ.get("FAIRGATE_HYPOTHESIS") or ("ci" if os.environ.get("CI") else "default"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test command runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): the tests of
+    one module that starts servers (integration, e2e) stay together on one worker, in order, sharing
+    its module's servers; pure tests spread one by one."""
+    for item in items:
+        if {"e2e", "integration"} & set(item.path.parts):
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 @pytest.fixture(scope="session")
 def arena_trace() -> Path:
     return ARENA_TRACE
