@@ -148,10 +148,9 @@ def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
         changes["workers"] = workers.model_copy(update={"count": o.workers})
     if o.policy is not None:
         try:
-            spec = make_policy(o.policy).spec
+            changes["scheduler"] = dataclasses.replace(config.scheduler, policy=make_policy(o.policy).spec)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        changes["scheduler"] = {**config.scheduler, "policy": spec}
+            raise ConfigError(f"--policy: {exc}") from None
     config = config.with_first(model=changes.pop("model", None), workers=changes.pop("workers", None))
     return config.model_copy(update=changes)
 

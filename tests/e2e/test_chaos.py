@@ -356,17 +356,17 @@ def test_tenants_changed_through_the_admin_api_survive_a_dispatcher_restart(chao
 def test_a_dispatcher_whose_start_failed_tries_again_on_the_next_call(serve_port, tmp_path):
     """Redis is not up when the dispatcher starts: that call fails clearly, and once Redis answers the
     next call starts the dispatcher (a failed start is never kept)."""
-    from fairgate.core import SchedulerConfig
     from fairgate.dispatcher.actor import get_or_create_dispatcher
+    from fairgate.gateway.config import deployable, parse_config
 
     redis_later = RedisServer(tmp_path, start=False)
-    settings = {
-        "scheduler": SchedulerConfig().to_dict(),
-        "tenants": [{"name": "alice", "key_hash": "h", "weight": 1.0}],
+    raw = {
+        "tenants": [{"name": "alice", "api_key": "alice-key-" + "a" * 16}],
+        "admin_api_key": "fg-admin-" + "x" * 20,
         "state": {"redis_url": redis_later.url, "connect_timeout_s": 0.5},
-        "telemetry": {},
     }
-    actor = get_or_create_dispatcher("start-retry", settings, "secret-for-this-test")
+    secret = "secret-for-this-test-" + "s" * 16
+    actor = get_or_create_dispatcher("start-retry", deployable(parse_config(raw)[0], secret), secret)
     try:
         with pytest.raises(ray.exceptions.RayTaskError, match="Redis did not answer"):
             ray.get(actor.stats.remote())
