@@ -95,4 +95,4 @@ def fair_share_jain(service: Sequence[float], owed: Sequence[float]) -> float:
     if not x:
         return 1.0
     square = sum(v * v for v in x)
-    return sum(x) ** 2 / (len(x) * square) if square else 0.0
+    return min(1.0, sum(x) ** 2 / (len(x) * square)) if square else 0.0  # as jain_index: an ulp over 1 when all equal
