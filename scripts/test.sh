@@ -41,5 +41,7 @@ fi
 # the documentation site: a broken link, a missing anchor or a page left out of the navigation fails
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 # Two workers (pytest-xdist): each module's tests on one worker (they share its module's servers), the
-# longest modules handed out first (tests/conftest.py); on 2 cores the servers' waits overlap the rest.
-exec .venv/bin/python -m pytest -n "${FAIRGATE_TEST_WORKERS:-2}" --dist loadscope --durations=20 "$@"
+# longest modules handed out first, in the order tests/conftest.py sets; on 2 cores the servers' waits
+# overlap the rest.
+exec .venv/bin/python -m pytest -n "${FAIRGATE_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder \
+  --durations=20 "$@"
