@@ -84,7 +84,8 @@ def serve_port():
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
-    serve.shutdown()
+    # the cluster goes with every replica in it: Serve's own shutdown would first wait for the replicas
+    # of the last gateways to drain (half a minute at the end of each test worker)
     ray.shutdown()
 
 

@@ -19,6 +19,7 @@ from ray.serve import api as serve_api
 
 from fairgate.common.config import GatewayConfig
 from fairgate.common.loopback import front_door
+from fairgate.core import LinearCost
 from fairgate.dispatcher.actor import dispatcher_name
 from fairgate.gateway.app import build_app, wait_until_routed
 from fairgate.gateway.config import parse_config
@@ -222,14 +223,19 @@ def clients(gw: Gateway) -> dict[str, openai.AsyncOpenAI]:
     }
 
 
-async def closed_loop(client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, results: list) -> None:
-    """One client sending the next request as soon as the previous one ends."""
+async def closed_loop(
+    client: openai.AsyncOpenAI, model: str, stop: asyncio.Event, results: list, ends: list | None = None
+) -> None:
+    """One client sending the next request as soon as the previous one ends (``ends``, if given: when
+    each ended, and its usage)."""
     while not stop.is_set():
         try:
             r = await client.completions.create(
                 model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
             )
             results.append(r.usage.completion_tokens)
+            if ends is not None:
+                ends.append((time.monotonic(), r.usage))
         except Exception as exc:  # recorded and asserted on: nothing may fail
             results.append(exc)
 
@@ -269,6 +275,34 @@ async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: 
     for t in load:
         assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
+    return got, ttfts, results
+
+
+async def overload_engine_alone(base_url: str, model: str, seconds: float, load: dict[str, int], warmup_s: float):
+    """The same load against an engine's own server, which knows no tenants: each heavy tenant's service
+    counted by its own clients (the default linear cost of the requests that ended inside the window).
+    Returns what ``overload`` returns."""
+    cost = LinearCost()
+    stop = asyncio.Event()
+    results: list = []
+    ttfts: list[float] = []
+    ends: dict[str, list] = {t: [] for t in load}
+
+    c = {t: openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120) for t in [*load, ""]}
+    tasks = [
+        asyncio.create_task(closed_loop(c[t], model, stop, results, ends[t])) for t in load for _ in range(load[t])
+    ]
+    tasks.append(asyncio.create_task(light_probe(c[""], model, stop, ttfts)))
+    await asyncio.sleep(warmup_s)
+    first = time.monotonic()
+    await asyncio.sleep(seconds)
+    last = time.monotonic()
+    stop.set()
+    await asyncio.gather(*tasks)
+    got = {
+        t: sum(cost.total(u.prompt_tokens, u.completion_tokens) for at, u in ends[t] if first < at <= last)
+        for t in ends
+    }
     return got, ttfts, results
 
 

@@ -39,7 +39,7 @@ def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path, flags, m
     )
     try:
         keys: dict[str, str] = {}
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300  # a Ray cluster and, for vLLM, an engine, beside the other test worker
         while time.monotonic() < deadline and len(keys) < 2:
             time.sleep(1)
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]

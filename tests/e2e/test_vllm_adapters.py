@@ -25,7 +25,7 @@ from .lora_adapters import make_adapter
 pytestmark = pytest.mark.slow
 
 NAMES = ("acme/a1", "acme/a2", "acme/a3")
-VLLM = {"model": "tiny", "kv_tokens": 1024, "block_size": 32, "max_loras": 2, "max_cpu_loras": 2}
+VLLM = {"model": "tiny", "kv_tokens": 1024, "block_size": 32, "cpu_threads": 1, "max_loras": 2, "max_cpu_loras": 2}
 
 
 @pytest.fixture(scope="module")

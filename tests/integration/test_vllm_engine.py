@@ -33,7 +33,7 @@ class Engine:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.runner = VllmRunner(
-            VllmSettings(model="tiny", kv_tokens=KV_TOKENS, block_size=BLOCK, max_num_seqs=MAX_NUM_SEQS)
+            VllmSettings(model="tiny", kv_tokens=KV_TOKENS, block_size=BLOCK, max_num_seqs=MAX_NUM_SEQS, cpu_threads=1)
         )
         self.reports: list[StepReport] = []
         self.loop.run_until_complete(self.runner.start(self.reports.append))

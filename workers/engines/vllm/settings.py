@@ -62,7 +62,13 @@ class VllmSettings(BaseModel):
         """The environment the engine's processes start with for ``cpu_threads``."""
         if not self.cpu_threads:
             return {}
-        return {"OMP_NUM_THREADS": str(self.cpu_threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        # unpinned threads set before start: the model worker can run in the engine core's process (see
+        # ``engine_arg_values``), which vLLM's CPU platform allows only with its multiprocessing flag off
+        return {
+            "OMP_NUM_THREADS": str(self.cpu_threads),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        }
 
     def context_limit(self) -> int | None:
         """The longest prompt + output the engine will take, when known before it starts."""
@@ -137,6 +143,11 @@ class VllmSettings(BaseModel):
             args |= {"enable_lora": True, "max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank}
             if self.max_cpu_loras:
                 args["max_cpu_loras"] = self.max_cpu_loras
+        if on_cpu and self.cpu_threads:
+            # one process for the engine core and its model worker, as on one GPU (vLLM's CPU platform
+            # starts a worker process of its own to pin its threads; these are unpinned): a third fewer
+            # processes to start, each importing torch and vLLM
+            args["distributed_executor_backend"] = "uni"
         if on_cpu:
             # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps kills the engine
             # ("CPU Generator does not use offset"), so prefills are never split there.
