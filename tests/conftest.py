@@ -9,6 +9,9 @@ from pathlib import Path
 from fairgate.common.loopback import ray_environment
 
 ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.1, no usage stats
+# Ray clusters that tests start in their own processes (`serve run`, `fairgate serve`, several nodes)
+# start beside the other test worker: a raylet may take longer than Ray's 30 s to register
+os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402

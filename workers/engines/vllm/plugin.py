@@ -66,7 +66,7 @@ class VllmPlugin(EnginePlugin):
     reference_name = "vLLM's own server"
     settings_model = VllmSettings
     settings_section = "vllm"
-    engine_process_titles = ("VLLM::EngineCore", "VLLM::Worker")  # the step loop, and the model's process
+    engine_process_titles = ("VLLM::EngineCore", "VLLM::Worker")  # the step loop; the model, where apart
 
     def reference_server(self, settings: Settings, served_model: str, port: int, log: Any = None):
         from fairgate.workers.engines.vllm.reference_server import vllm_server
