@@ -94,5 +94,5 @@ def fair_share_jain(service: Sequence[float], owed: Sequence[float]) -> float:
     x = [min(s / o, 1.0) for s, o in zip(service, owed, strict=True) if o > 0]
     if not x:
         return 1.0
-    square = sum(v * v for v in x)
-    return min(1.0, sum(x) ** 2 / (len(x) * square)) if square else 0.0  # as jain_index: an ulp over 1 when all equal
+    index = jain_index(x)
+    return 0.0 if index is None else index  # None: nobody owed anything got anything

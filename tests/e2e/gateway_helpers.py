@@ -7,6 +7,7 @@ import contextlib
 import secrets
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,23 +256,36 @@ async def light_probe(client: openai.AsyncOpenAI, model: str, stop: asyncio.Even
         await asyncio.sleep(0.5)
 
 
+async def _flood(
+    c: dict[str, openai.AsyncOpenAI], probe: openai.AsyncOpenAI, model: str, seconds: float, load: dict[str, int],
+    warmup_s: float, mark: Callable[[], Any],
+) -> tuple[Any, Any, list[float], list, dict[str, list]]:  # fmt: skip
+    """Heavy tenants in closed loops (``load``: tenant -> clients) and a light probe; ``mark()`` taken
+    after the warm-up and once more ``seconds`` later. Returns both marks, the probe's first-token
+    latencies, every heavy result, and each heavy tenant's ends (when, usage)."""
+    stop = asyncio.Event()
+    results: list = []
+    ttfts: list[float] = []
+    ends: dict[str, list] = {t: [] for t in load}
+    tasks = [
+        asyncio.create_task(closed_loop(c[t], model, stop, results, ends[t])) for t, n in load.items() for _ in range(n)
+    ]
+    tasks.append(asyncio.create_task(light_probe(probe, model, stop, ttfts)))
+    await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
+    first = await asyncio.to_thread(mark)
+    await asyncio.sleep(seconds)
+    last = await asyncio.to_thread(mark)
+    stop.set()
+    await asyncio.gather(*tasks)
+    return first, last, ttfts, results, ends
+
+
 async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: float = 3.0):
     """Heavy tenants in closed loops (``load``: tenant -> clients) and carol as a light probe. Returns
     (service of each heavy tenant between two moments when all were backlogged, carol's first-token
     latencies, every heavy result)."""
     c = clients(gw)
-    model = gw.config.model
-    stop = asyncio.Event()
-    results: list = []
-    ttfts: list[float] = []
-    tasks = [asyncio.create_task(closed_loop(c[t], model, stop, results)) for t, n in load.items() for _ in range(n)]
-    tasks.append(asyncio.create_task(light_probe(c["carol"], model, stop, ttfts)))
-    await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
-    first = await asyncio.to_thread(gw.stats)
-    await asyncio.sleep(seconds)
-    last = await asyncio.to_thread(gw.stats)
-    stop.set()
-    await asyncio.gather(*tasks)
+    first, last, ttfts, results, _ = await _flood(c, c["carol"], gw.config.model, seconds, load, warmup_s, gw.stats)
     for t in load:
         assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
@@ -282,26 +296,12 @@ async def overload_engine_alone(base_url: str, model: str, seconds: float, load:
     """The same load against an engine's own server, which knows no tenants: each heavy tenant's service
     counted by its own clients (the default linear cost of the requests that ended inside the window).
     Returns what ``overload`` returns."""
-    cost = LinearCost()
-    stop = asyncio.Event()
-    results: list = []
-    ttfts: list[float] = []
-    ends: dict[str, list] = {t: [] for t in load}
-
     c = {t: openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120) for t in [*load, ""]}
-    tasks = [
-        asyncio.create_task(closed_loop(c[t], model, stop, results, ends[t])) for t in load for _ in range(load[t])
-    ]
-    tasks.append(asyncio.create_task(light_probe(c[""], model, stop, ttfts)))
-    await asyncio.sleep(warmup_s)
-    first = time.monotonic()
-    await asyncio.sleep(seconds)
-    last = time.monotonic()
-    stop.set()
-    await asyncio.gather(*tasks)
+    first, last, ttfts, results, ends = await _flood(c, c[""], model, seconds, load, warmup_s, time.monotonic)
+    cost = LinearCost()
     got = {
-        t: sum(cost.total(u.prompt_tokens, u.completion_tokens) for at, u in ends[t] if first < at <= last)
-        for t in ends
+        t: sum(cost.total(u.prompt_tokens, u.completion_tokens) for at, u in e if first < at <= last)
+        for t, e in ends.items()
     }
     return got, ttfts, results
 

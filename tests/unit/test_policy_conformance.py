@@ -66,11 +66,9 @@ from tests.unit.state_walk import differences
 # says is cached): a placement changes where a request runs, not what the policy's checks are about.
 DEFAULT_PLACEMENT = SchedulerConfig().placement
 PLACEMENT_PARTNERS = ("vtc", "vtc-locality:500")
+OTHER_PLACEMENTS = [placement for placement in placement_names() if placement != DEFAULT_PLACEMENT]
 CASES = [(policy, DEFAULT_PLACEMENT) for policy in policy_examples()] + [
-    (policy, placement)
-    for placement in placement_names()
-    if placement != DEFAULT_PLACEMENT
-    for policy in PLACEMENT_PARTNERS
+    (policy, placement) for placement in OTHER_PLACEMENTS for policy in PLACEMENT_PARTNERS
 ]
 # The same events with the tenants in a tree (two levels of nodes) and request classes (one strict):
 # each tree policy once (its last example; a parameter changes what the flat suite checks, not how the
@@ -79,7 +77,7 @@ TREE_CASES = [
     (spec, DEFAULT_PLACEMENT)
     for spec in ((POLICIES[name].examples or (name,))[-1] for name in POLICIES.names())
     if make_policy(spec).tree
-] + [(policy, placement) for policy, placement in CASES if placement != DEFAULT_PLACEMENT and policy != "vtc"]
+] + [("vtc-locality:500", placement) for placement in OTHER_PLACEMENTS]
 TREE = (("g0", None, 1.0), ("g1", None, 2.0), ("g1a", "g1", 0.5))
 PARENTS = {"T0": "g0", "T1": "g0", "T2": "g1a", "T3": "g1"}
 CLASSES = (RequestClass("std", 1.0), RequestClass("batch", 0.5), RequestClass("ops", strict=True))
