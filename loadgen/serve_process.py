@@ -12,7 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,19 @@ LAUNCH_ENVIRONMENT = dict(os.environ)
 CLUSTER_ENV_PREFIXES = ("RAY_SERVE_HAPROXY", "RAY_SERVE_ENABLE_HA_PROXY", "FAIRGATE_HAPROXY")
 
 
+@dataclass(frozen=True)
+class GatewayLaunch:
+    """One gateway to start: its configuration, port and a key it serves; where its output goes
+    (``log``), the front door it runs behind and more of its process's environment (secrets)."""
+
+    gateway: dict[str, Any]
+    port: int
+    key: str
+    front_door: str = "direct"
+    log: Path | None = None
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
 def served_gateway(
     gateway: dict[str, Any],
@@ -38,30 +52,50 @@ def served_gateway(
     environment: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, str, int]]:
     """The gateway of configuration ``gateway`` on 127.0.0.1:``port`` until the block ends, once a
-    completion with ``key`` came back; yields (base URL, the key, its process id). ``environment``:
-    more of its process's environment (secrets)."""
-    with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp:
-        path = Path(tmp) / "gateway.yaml"
-        path.write_text(yaml.safe_dump(gateway))
-        env = {k: v for k, v in LAUNCH_ENVIRONMENT.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
-        env[FRONT_DOOR_ENV] = front_door
-        env.update(environment or {})
-        command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(port)]
-        out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0)
+    completion with ``key`` came back; yields (base URL, the key, its process id)."""
+    launch = GatewayLaunch(gateway, port, key, front_door, log, environment or {})
+    with served_gateways([launch]) as (served,):
+        yield served
+
+
+@contextlib.contextmanager
+def served_gateways(launches: Sequence[GatewayLaunch]) -> Iterator[list[tuple[str, str, int]]]:
+    """Every gateway of ``launches`` until the block ends, each as ``served_gateway`` yields it. They
+    start together and stop together: each starts a Ray cluster of its own, mostly waiting."""
+    with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp, contextlib.ExitStack() as logs:
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            base = f"http://127.0.0.1:{port}/v1"
-            wait_for_completion(base, gateway.get("model") or "fairgate-sim", key, proc)
-            yield base, key, proc.pid
+            for i, launch in enumerate(launches):
+                path = Path(tmp) / f"gateway-{i}.yaml"
+                path.write_text(yaml.safe_dump(launch.gateway))
+                env = {k: v for k, v in LAUNCH_ENVIRONMENT.items() if not k.startswith(CLUSTER_ENV_PREFIXES)}
+                env[FRONT_DOOR_ENV] = launch.front_door
+                env.update(launch.environment)
+                command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(launch.port)]
+                out = logs.enter_context(open(launch.log, "wb")) if launch.log is not None else subprocess.DEVNULL
+                procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0))
+            served = []
+            for launch, proc in zip(launches, procs, strict=True):
+                base = f"http://127.0.0.1:{launch.port}/v1"
+                wait_for_completion(base, launch.gateway.get("model") or "fairgate-sim", launch.key, proc)
+                served.append((base, launch.key, proc.pid))
+            yield served
         finally:
-            proc.send_signal(signal.SIGTERM)  # it stops its cluster and its HAProxy itself
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(120)
-            with contextlib.suppress(ProcessLookupError):  # whatever of its process group is left
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-            if log is not None:
-                out.close()  # type: ignore[union-attr]
+            _stop_all(procs)
+
+
+def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Each stops its cluster and its HAProxy itself on SIGTERM; whatever of a process group is left
+    after two minutes is killed."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def wait_for_completion(base: str, model: str, key: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:

@@ -34,7 +34,7 @@ from fairgate.loadgen.peers.prompts import prompt_builder
 from fairgate.loadgen.peers.routers import PEERS, peer_instance
 from fairgate.loadgen.peers.workloads import NAMES, PeerWorkload, peer_workload
 from fairgate.loadgen.replay import ReplayConfig, replay
-from fairgate.loadgen.serve_process import free_port, served_gateway
+from fairgate.loadgen.serve_process import GatewayLaunch, free_port, served_gateways
 from fairgate.workers.engines import engine_for
 
 FAIRGATE = "fairgate"  # where prompts share prefixes, its cache-aware policy; the verdict's arm (every
@@ -135,12 +135,21 @@ def _arms(
     tenants = pw.workload.tenants
     with contextlib.ExitStack() as stack:
         keys = {t: "fg-bench-" + secrets.token_hex(12) for t in tenants}
-        arms: dict[str, Arm] = {}
-        for name, (policy, placement) in fairgate_arms(pw, config.controls).items():
-            log = log_dir / f"{name}-{pw.name}.log" if log_dir is not None else None
-            gateway = fairgate_config(config, pw, keys, policy, placement)
-            base, _, pid = stack.enter_context(served_gateway(gateway, free_port(), keys[tenants[0]], log=log))
-            arms[name] = Arm([base] * pw.gateway_instances, keys, (pid,), False)
+        ours = fairgate_arms(pw, config.controls)
+        launches = [
+            GatewayLaunch(
+                fairgate_config(config, pw, keys, policy, placement),
+                free_port(),
+                keys[tenants[0]],
+                log=log_dir / f"{name}-{pw.name}.log" if log_dir is not None else None,
+            )
+            for name, (policy, placement) in ours.items()
+        ]
+        served = stack.enter_context(served_gateways(launches))
+        arms = {
+            name: Arm([base] * pw.gateway_instances, keys, (pid,), False)
+            for name, (base, _, pid) in zip(ours, served, strict=True)
+        }
         for name in config.peers:
             urls, roots, key = [], [], "sk-" + secrets.token_hex(16)
             for i in range(pw.gateway_instances):

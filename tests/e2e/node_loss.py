@@ -191,7 +191,7 @@ def main() -> dict[str, Any]:
             }
             streams = [(t, client) for t, client in clients.items() for _ in range(STREAMS)]
             loops = [asyncio.create_task(streaming_client(client, t, stop, out)) for t, client in streams]
-            await asyncio.sleep(8.0)
+            await asyncio.sleep(5.0)
             before = await asyncio.to_thread(stats)
             killed_at = time.monotonic()
             figures["processes_killed"] = node_a.kill()
@@ -200,13 +200,13 @@ def main() -> dict[str, Any]:
             figures["worker_lost_after_s"] = time.monotonic() - killed_at
             victim = next(w for w in before["workers"] if w["id"] != left[0]["id"])
             figures["running_on_victim"] = victim["running"] + victim.get("waiting", 0)
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(1.0)
             await asyncio.to_thread(node_a.start, gcs, temp_dir, {"fg-worker": 1}, 1)  # the node comes back
             while len((await asyncio.to_thread(stats))["workers"]) < 2:
                 await asyncio.sleep(0.5)
             figures["replica_back_after_s"] = time.monotonic() - killed_at
             recovered = await asyncio.to_thread(stats)
-            await asyncio.sleep(15.0)
+            await asyncio.sleep(10.0)
             after = await asyncio.to_thread(stats)
             stop.set()
             await asyncio.gather(*loops)
