@@ -72,16 +72,27 @@ def served_gateways(launches: Sequence[GatewayLaunch]) -> Iterator[list[tuple[st
                 env[FRONT_DOOR_ENV] = launch.front_door
                 env.update(launch.environment)
                 command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(launch.port)]
-                out = logs.enter_context(open(launch.log, "wb")) if launch.log is not None else subprocess.DEVNULL
+                log = launch.log or Path(tmp) / f"gateway-{i}.log"  # kept for the error if it fails to start
+                out = logs.enter_context(open(log, "wb"))
                 procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0))
             served = []
-            for launch, proc in zip(launches, procs, strict=True):
+            for i, (launch, proc) in enumerate(zip(launches, procs, strict=True)):
                 base = f"http://127.0.0.1:{launch.port}/v1"
-                wait_for_completion(base, launch.gateway.get("model") or "fairgate-sim", launch.key, proc)
+                try:
+                    wait_for_completion(base, launch.gateway.get("model") or "fairgate-sim", launch.key, proc)
+                except RuntimeError as exc:
+                    log = launch.log or Path(tmp) / f"gateway-{i}.log"
+                    raise RuntimeError(f"{exc}; the end of its output:\n{_tail(log)}") from None
                 served.append((base, launch.key, proc.pid))
             yield served
         finally:
             _stop_all(procs)
+
+
+def _tail(log: Path, chars: int = 3000) -> str:
+    with contextlib.suppress(OSError):
+        return log.read_text(errors="replace")[-chars:]
+    return "(no output)"
 
 
 def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:

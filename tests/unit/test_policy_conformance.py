@@ -518,7 +518,7 @@ class Driver:
 
 
 # The event suites are the property suite over the core: twice the profile's examples per case (CI:
-# 160 event lists of 40-160 events for each policy and placement, each test, beside the kept examples).
+# 120 event lists of 40-160 events for each policy and placement, each test, beside the kept examples).
 EVENT_CASES = settings(max_examples=2 * settings.default.max_examples)
 
 
