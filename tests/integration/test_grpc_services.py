@@ -237,8 +237,9 @@ async def flood(policy: str, seconds: float) -> tuple[float, float, bool]:
             p = await service.submit(f"{tenant}{next(counter)}", tenant, 50, 50)
             await generate(p, "word " * 50, 50)
 
-    tasks = [asyncio.create_task(client("A")) for _ in range(50)]
-    tasks += [asyncio.create_task(client("B")) for _ in range(100)]
+    # interleaved, two of B's for each of A's: the first wave queues in the same 1:2 as the rest (A's
+    # fifty first would make a slow machine's window FCFS's serving of that wave alone)
+    tasks = [asyncio.create_task(client(t)) for _ in range(50) for t in "BAB"]
     await asyncio.sleep(0.5)
     s = service.scheduler
     backlogged = s.is_backlogged("A") and s.is_backlogged("B")
