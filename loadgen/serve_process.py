@@ -64,6 +64,8 @@ def served_gateways(launches: Sequence[GatewayLaunch]) -> Iterator[list[tuple[st
     start together and stop together: each starts a Ray cluster of its own, mostly waiting."""
     with tempfile.TemporaryDirectory(prefix="fg-bench-") as tmp, contextlib.ExitStack() as logs:
         procs: list[subprocess.Popen[bytes]] = []
+        # each one's output, kept in the scratch folder when no log was asked for (a failed start shows it)
+        outputs = [launch.log or Path(tmp) / f"gateway-{i}.log" for i, launch in enumerate(launches)]
         try:
             for i, launch in enumerate(launches):
                 path = Path(tmp) / f"gateway-{i}.yaml"
@@ -72,17 +74,15 @@ def served_gateways(launches: Sequence[GatewayLaunch]) -> Iterator[list[tuple[st
                 env[FRONT_DOOR_ENV] = launch.front_door
                 env.update(launch.environment)
                 command = [sys.executable, "-m", "fairgate", "serve", "--config", str(path), "--port", str(launch.port)]
-                log = launch.log or Path(tmp) / f"gateway-{i}.log"  # kept for the error if it fails to start
-                out = logs.enter_context(open(log, "wb"))
+                out = logs.enter_context(open(outputs[i], "wb"))
                 procs.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0))
             served = []
-            for i, (launch, proc) in enumerate(zip(launches, procs, strict=True)):
+            for launch, proc, output in zip(launches, procs, outputs, strict=True):
                 base = f"http://127.0.0.1:{launch.port}/v1"
                 try:
                     wait_for_completion(base, launch.gateway.get("model") or "fairgate-sim", launch.key, proc)
                 except RuntimeError as exc:
-                    log = launch.log or Path(tmp) / f"gateway-{i}.log"
-                    raise RuntimeError(f"{exc}; the end of its output:\n{_tail(log)}") from None
+                    raise RuntimeError(f"{exc}; the end of its output:\n{_tail(output)}") from None
                 served.append((base, launch.key, proc.pid))
             yield served
         finally:

@@ -65,7 +65,8 @@ from tests.unit.state_walk import differences
 # decisions it meets (VTC, and VTC with locality slack, which looks past the order for what placement
 # says is cached): a placement changes where a request runs, not what the policy's checks are about.
 DEFAULT_PLACEMENT = SchedulerConfig().placement
-PLACEMENT_PARTNERS = ("vtc", "vtc-locality:500")
+LOCALITY_PARTNER = "vtc-locality:500"
+PLACEMENT_PARTNERS = ("vtc", LOCALITY_PARTNER)
 OTHER_PLACEMENTS = [placement for placement in placement_names() if placement != DEFAULT_PLACEMENT]
 CASES = [(policy, DEFAULT_PLACEMENT) for policy in policy_examples()] + [
     (policy, placement) for placement in OTHER_PLACEMENTS for policy in PLACEMENT_PARTNERS
@@ -77,7 +78,7 @@ TREE_CASES = [
     (spec, DEFAULT_PLACEMENT)
     for spec in ((POLICIES[name].examples or (name,))[-1] for name in POLICIES.names())
     if make_policy(spec).tree
-] + [("vtc-locality:500", placement) for placement in OTHER_PLACEMENTS]
+] + [(LOCALITY_PARTNER, placement) for placement in OTHER_PLACEMENTS]
 TREE = (("g0", None, 1.0), ("g1", None, 2.0), ("g1a", "g1", 0.5))
 PARENTS = {"T0": "g0", "T1": "g0", "T2": "g1a", "T3": "g1"}
 CLASSES = (RequestClass("std", 1.0), RequestClass("batch", 0.5), RequestClass("ops", strict=True))
