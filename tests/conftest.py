@@ -12,6 +12,15 @@ ray_environment()  # before anything imports Ray: every Ray listener on 127.0.0.
 # Ray clusters that tests start in their own processes (`serve run`, `fairgate serve`, several nodes)
 # start beside the other test worker: a raylet may take longer than Ray's 30 s to register
 os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
+# Ray's own background work that no test reads (its metrics and task events, idle worker processes kept
+# ready): about a twentieth of a core per idle cluster here, over the two test workers' whole run
+for _key, _value in {
+    "RAY_enable_worker_prestart": "0",
+    "RAY_prestart_worker_first_driver": "0",
+    "RAY_metrics_report_interval_ms": "60000",
+    "RAY_task_events_report_interval_ms": "10000",
+}.items():
+    os.environ.setdefault(_key, _value)
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -39,7 +48,6 @@ LONGEST_FIRST = (
     "tests/e2e/test_serve_cli.py",  # 150 s
     "tests/e2e/test_vllm_adapters.py",  # 120 s
     "tests/e2e/test_bench_peers.py",  # 115 s
-    "tests/e2e/test_vllm_models.py",  # 110 s
     "tests/e2e/test_vllm_cache.py",  # 105 s
     "tests/e2e/test_deploy_serve_yaml.py",  # 80 s
     "tests/e2e/test_node_loss.py",  # 75 s

@@ -1,6 +1,10 @@
 """The gateway in front of real vLLM workers (CPU, the project's tiny model), with the official client:
 the OpenAI API answered exactly as vLLM's own server answers it (every feature, body by body), what a
-tenant's body may not override, and fairness between two tenants flooding one vLLM engine."""
+tenant's body may not override, fairness between two tenants flooding one vLLM engine, and two models
+behind one endpoint (the tiny model served under two names, each its own pool and engine): ``/v1/models``
+per tenant, routing by the ``model`` field, 404 ``model_not_found`` for a model a tenant may not use, and
+fairness within each pool. The two-model gateway is the suite's VTC gateway: its first model's pool is the
+one the single-pool tests use, so the module starts one engine fewer."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from tests.conftest import free_port
 from .gateway_helpers import (
     MAX_TOKENS,
     Gateway,
+    clients,
+    closed_loop,
     holds_nothing,
     overload,
     overload_engine_alone,
@@ -44,17 +50,20 @@ VLLM = {"model": "tiny", "kv_tokens": KV_TOKENS, "block_size": 32, "cpu_threads"
 LOAD = {"alice": 25, "bob": 50}  # closed-loop clients: more than the engine runs, queues and over-commits
 # a batch of two: vLLM's own waiting queue holds what the dispatcher sent beyond it (revocation's case)
 VLLM_SMALL_BATCH = {**VLLM, "max_num_seqs": 2}
+OPEN, TEAMS = "tiny", "tiny-teams"  # the VTC gateway's two models: everyone's, and alice's and bob's
+ONE_ENGINE = {"engine": "vllm", "vllm": VLLM, "count": 1}
+MODELS = [{"name": OPEN, "workers": ONE_ENGINE}, {"name": TEAMS, "tenants": ["alice", "bob"], "workers": ONE_ENGINE}]
 
 
 @pytest.fixture(scope="module")
 def engines(serve_port, tmp_path_factory):
-    """Every engine of the module, started at once: the gateway under VTC, one with revocation on a
-    batch of two, and vLLM's own OpenAI server with the same model, engine and serving settings as the
-    gateways' workers (the parity suite's reference, and what fairness is compared with)."""
+    """Every engine of the module, started at once: the gateway under VTC (two models, an engine each),
+    one with revocation on a batch of two, and vLLM's own OpenAI server with the same model, engine and
+    serving settings as the gateways' workers (the parity suite's reference, and what fairness is compared with)."""
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as pool:
         alone = pool.submit(stack.enter_context, vllm_server(VllmSettings.from_dict(VLLM), "tiny", free_port(), log))
-        starting = {"vtc": start_deploy("vllm-vtc", serve_port, workers=1, vllm=VLLM)}
+        starting = {"vtc": start_deploy("vllm-vtc", serve_port, vllm=VLLM, models=MODELS)}
         starting["revoke"] = start_deploy(
             "vllm-revoke", serve_port, workers=1, vllm=VLLM_SMALL_BATCH, tenants=("alice", "bob"), revoke=True
         )
@@ -363,6 +372,62 @@ def test_a_request_vllm_holds_unstarted_is_taken_back_for_a_light_tenant_and_ser
     prefill, put back in alice's queue, and served later; bob goes first; nothing runs or is charged
     twice (``revocation_run`` checks the books)."""
     revocation_run(engines["revoke"])
+
+
+def test_each_model_is_its_own_vllm_pool_listed_per_tenant(vtc_gateway):
+    gw = vtc_gateway
+    assert [m.id for m in client(gw, "alice").models.list()] == [OPEN, TEAMS]
+    assert [m.id for m in client(gw, "carol").models.list()] == [OPEN]
+    for model in (OPEN, TEAMS):
+        before = gw.stats(model)["tenants"].get("alice", {}).get("finished", 0)  # the open pool served her before
+        r = client(gw, "alice").chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=5, extra_body={"ignore_eos": True}
+        )
+        assert r.model == model and r.usage.completion_tokens == 5  # vLLM answered under the pool's name
+        stats = gw.stats(model)
+        assert stats["tenants"]["alice"]["finished"] == before + 1
+        assert [w["kv_tokens"] for w in stats["workers"]] == [KV_TOKENS]
+    ids = {m: {w["id"] for w in gw.stats(m)["workers"]} for m in (OPEN, TEAMS)}
+    assert not ids[OPEN] & ids[TEAMS]
+
+
+def test_a_model_the_tenant_may_not_use_is_not_found(vtc_gateway):
+    gw = vtc_gateway
+    with pytest.raises(openai.NotFoundError) as err:
+        client(gw, "carol").completions.create(model=TEAMS, prompt="hi", max_tokens=2)
+    assert err.value.body["code"] == "model_not_found"
+    assert gw.stats(TEAMS)["tenants"].get("carol", {}).get("submitted", 0) == 0
+
+
+def test_fairness_holds_within_each_vllm_pool(vtc_gateway):
+    """Bob floods the open model too; on the teams pool, where alice and bob both flood, they still get
+    equal service within 2U."""
+    gw = vtc_gateway
+    c = clients(gw)
+
+    async def scenario():
+        stop = asyncio.Event()
+        results: list = []
+        tasks = [asyncio.create_task(closed_loop(c["bob"], OPEN, stop, results)) for _ in range(8)]
+        tasks += [
+            asyncio.create_task(closed_loop(c[t], TEAMS, stop, results)) for t in ("alice", "bob") for _ in range(10)
+        ]
+        await asyncio.sleep(4.0)
+        first = await asyncio.to_thread(gw.stats, TEAMS)
+        await asyncio.sleep(10.0)
+        last = await asyncio.to_thread(gw.stats, TEAMS)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return first, last, results
+
+    first, last, results = asyncio.run(scenario())
+    assert [r for r in results if r != MAX_TOKENS] == []
+    for t in ("alice", "bob"):
+        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+    got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in ("alice", "bob")}
+    two_u = 2 * (2 * KV_TOKENS)  # U = max(w_p, w_q) × the pool, with the default linear cost (1, 2)
+    assert got["alice"] > 0 and abs(got["alice"] - got["bob"]) <= two_u, got
+    assert gw.stats(OPEN)["tenants"]["bob"]["service"] > 0
 
 
 def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):
