@@ -46,7 +46,6 @@ LONGEST_FIRST = (
     "tests/unit/test_policy_conformance.py",  # 250 s
     "tests/e2e/test_vllm.py",  # 240 s
     "tests/e2e/test_serve_cli.py",  # 150 s
-    "tests/e2e/test_vllm_adapters.py",  # 120 s
     "tests/e2e/test_bench_peers.py",  # 115 s
     "tests/e2e/test_vllm_cache.py",  # 105 s
     "tests/e2e/test_deploy_serve_yaml.py",  # 80 s

@@ -3,8 +3,10 @@ the OpenAI API answered exactly as vLLM's own server answers it (every feature, 
 tenant's body may not override, fairness between two tenants flooding one vLLM engine, and two models
 behind one endpoint (the tiny model served under two names, each its own pool and engine): ``/v1/models``
 per tenant, routing by the ``model`` field, 404 ``model_not_found`` for a model a tenant may not use, and
-fairness within each pool. The two-model gateway is the suite's VTC gateway: its first model's pool is the
-one the single-pool tests use, so the module starts one engine fewer."""
+fairness within each pool; and LoRA adapters (three made here with ``peft``, random weights) answering as
+on vLLM's own server, loaded and evicted on demand under a cap of two, shared fairly. The two-model
+gateway with adapters is the suite's VTC gateway (its first model's pool is the one the single-pool tests
+use), and vLLM's own server serves the same adapters: the module starts two engines fewer."""
 
 from __future__ import annotations
 
@@ -35,8 +37,10 @@ from .gateway_helpers import (
     overload,
     overload_engine_alone,
     revocation_run,
+    scrape,
     start_deploy,
 )
+from .lora_adapters import make_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -50,20 +54,38 @@ VLLM = {"model": "tiny", "kv_tokens": KV_TOKENS, "block_size": 32, "cpu_threads"
 LOAD = {"alice": 25, "bob": 50}  # closed-loop clients: more than the engine runs, queues and over-commits
 # a batch of two: vLLM's own waiting queue holds what the dispatcher sent beyond it (revocation's case)
 VLLM_SMALL_BATCH = {**VLLM, "max_num_seqs": 2}
+# the open model's engine and vLLM's own server: room for 2 adapters on the GPU and 2 in host memory
+VLLM_LORA = {**VLLM, "max_loras": 2, "max_cpu_loras": 2}
 OPEN, TEAMS = "tiny", "tiny-teams"  # the VTC gateway's two models: everyone's, and alice's and bob's
-ONE_ENGINE = {"engine": "vllm", "vllm": VLLM, "count": 1}
-MODELS = [{"name": OPEN, "workers": ONE_ENGINE}, {"name": TEAMS, "tenants": ["alice", "bob"], "workers": ONE_ENGINE}]
+MODELS = [
+    {"name": OPEN, "workers": {"engine": "vllm", "vllm": VLLM_LORA, "count": 1}},
+    {"name": TEAMS, "tenants": ["alice", "bob"], "workers": {"engine": "vllm", "vllm": VLLM, "count": 1}},
+]
+ADAPTER_NODES = {"acme/a1": "alice", "acme/a2": "bob", "acme/a3": ""}  # a3: every tenant's
 
 
 @pytest.fixture(scope="module")
 def engines(serve_port, tmp_path_factory):
-    """Every engine of the module, started at once: the gateway under VTC (two models, an engine each),
-    one with revocation on a batch of two, and vLLM's own OpenAI server with the same model, engine and
-    serving settings as the gateways' workers (the parity suite's reference, and what fairness is compared with)."""
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    """Every engine of the module, started at once: the gateway under VTC (two models, an engine each,
+    the open one with three adapters), one with revocation on a batch of two, and vLLM's own OpenAI server
+    with the same model, adapters, engine and serving settings as the open model's worker (the parity
+    suites' reference, and what fairness is compared with)."""
+    folder = tmp_path_factory.mktemp("vllm")
+    model = VllmSettings(model="tiny").model_path()
+    paths = {
+        name: str(make_adapter(model, folder / name.replace("/", "-"), seed)) for seed, name in enumerate(ADAPTER_NODES)
+    }
+    alone_settings = VllmSettings.from_dict(
+        {**VLLM_LORA, "serve_args": [*SERVE_ARGS, "--lora-modules", *(f"{n}={p}" for n, p in paths.items())]}
+    )
+    adapters = [
+        {"name": name, "base_model": OPEN, "path": paths[name], "nodes": [node]} for name, node in ADAPTER_NODES.items()
+    ]
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(1) as pool:
-        alone = pool.submit(stack.enter_context, vllm_server(VllmSettings.from_dict(VLLM), "tiny", free_port(), log))
-        starting = {"vtc": start_deploy("vllm-vtc", serve_port, vllm=VLLM, models=MODELS)}
+        alone = pool.submit(
+            stack.enter_context, vllm_server(alone_settings, "tiny", free_port(), folder / "server.log")
+        )
+        starting = {"vtc": start_deploy("vllm-vtc", serve_port, vllm=VLLM_LORA, models=MODELS, adapters=adapters)}
         starting["revoke"] = start_deploy(
             "vllm-revoke", serve_port, workers=1, vllm=VLLM_SMALL_BATCH, tenants=("alice", "bob"), revoke=True
         )
@@ -376,8 +398,9 @@ def test_a_request_vllm_holds_unstarted_is_taken_back_for_a_light_tenant_and_ser
 
 def test_each_model_is_its_own_vllm_pool_listed_per_tenant(vtc_gateway):
     gw = vtc_gateway
-    assert [m.id for m in client(gw, "alice").models.list()] == [OPEN, TEAMS]
-    assert [m.id for m in client(gw, "carol").models.list()] == [OPEN]
+    alices = [m.id for m in client(gw, "alice").models.list()]
+    assert alices[:2] == [OPEN, TEAMS] and sorted(alices[2:]) == ["acme/a1", "acme/a3"]  # the adapters after
+    assert [m.id for m in client(gw, "carol").models.list()] == [OPEN, "acme/a3"]
     for model in (OPEN, TEAMS):
         before = gw.stats(model)["tenants"].get("alice", {}).get("finished", 0)  # the open pool served her before
         r = client(gw, "alice").chat.completions.create(
@@ -428,6 +451,99 @@ def test_fairness_holds_within_each_vllm_pool(vtc_gateway):
     two_u = 2 * (2 * KV_TOKENS)  # U = max(w_p, w_q) × the pool, with the default linear cost (1, 2)
     assert got["alice"] > 0 and abs(got["alice"] - got["bob"]) <= two_u, got
     assert gw.stats(OPEN)["tenants"]["bob"]["service"] > 0
+
+
+def fairgate(gw: Gateway, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=gw.keys[tenant], max_retries=0, timeout=120)
+
+
+def greedy(client: openai.OpenAI, model: str) -> tuple:
+    r = client.completions.create(model=model, prompt="the tenant asked the worker", max_tokens=12, temperature=0)
+    c = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "write about the cache"}], max_tokens=12, temperature=0
+    )
+    return (
+        r.model,
+        r.choices[0].text,
+        r.choices[0].finish_reason,
+        r.usage.prompt_tokens,
+        r.usage.completion_tokens,
+        c.model,
+        c.choices[0].message.content,
+        c.usage.prompt_tokens,
+        c.usage.completion_tokens,
+    )
+
+
+def test_answers_agree_with_vllms_own_server_adapter_by_adapter(vtc_gateway, vllm_alone):
+    gw, alone_url = vtc_gateway, vllm_alone
+    alone = openai.OpenAI(base_url=alone_url, api_key="none", max_retries=0, timeout=120)
+    answers = {}
+    for model, tenant in (("acme/a1", "alice"), ("acme/a2", "bob"), ("acme/a3", "carol"), ("tiny", "carol")):
+        answers[model] = greedy(fairgate(gw, tenant), model)
+        assert answers[model] == greedy(alone, model), model
+    assert len({a[1] for a in answers.values()}) == 4  # each adapter changes the output: it was applied
+    with pytest.raises(openai.NotFoundError):  # bob's adapter is not alice's, here as on any gateway
+        fairgate(gw, "alice").completions.create(model="acme/a2", prompt="hi", max_tokens=2)
+
+
+def _worker(gw: Gateway) -> dict:
+    return gw.stats("tiny")["workers"][0]
+
+
+def test_adapters_load_and_evict_on_demand_under_a_cap_of_two(vtc_gateway):
+    gw = vtc_gateway
+    for model, tenant in (("acme/a1", "alice"), ("acme/a2", "bob"), ("acme/a3", "carol")):
+        fairgate(gw, tenant).completions.create(model=model, prompt="hello", max_tokens=4)
+    deadline = time.monotonic() + 10
+    while set(_worker(gw)["host_adapters"]) != {"acme/a2", "acme/a3"} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(_worker(gw)["host_adapters"]) == {"acme/a2", "acme/a3"}  # a1, least recently used, evicted
+    before = scrape(gw)
+    fairgate(gw, "alice").completions.create(model="acme/a1", prompt="hello", max_tokens=4)  # back on demand
+    deadline = time.monotonic() + 10
+    while "acme/a1" not in _worker(gw)["host_adapters"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "acme/a1" in _worker(gw)["host_adapters"] and len(_worker(gw)["host_adapters"]) == 2
+    text = httpx.get(
+        gw.base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {gw.admin_key}"}, timeout=30
+    ).text
+    loads = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fairgate_adapter_loads_total{")
+    }
+    assert loads["acme/a1"] >= 2 and loads["acme/a2"] >= 1 and loads["acme/a3"] >= 1, loads
+    assert before  # the scrape passes promtool's check with adapter series in it
+
+
+def test_two_tenants_on_different_adapters_share_the_engine_fairly(vtc_gateway):
+    gw = vtc_gateway
+    stop = asyncio.Event()
+    widest = [0]
+
+    async def loop(tenant: str, model: str) -> None:
+        c = openai.AsyncOpenAI(base_url=gw.base_url, api_key=gw.keys[tenant], max_retries=0, timeout=120)
+        while not stop.is_set():
+            await c.completions.create(model=model, prompt="word " * 30, max_tokens=16, extra_body={"ignore_eos": True})
+
+    async def scenario() -> dict[str, float]:
+        tasks = [asyncio.create_task(loop("alice", "acme/a1")) for _ in range(12)]
+        tasks += [asyncio.create_task(loop("bob", "acme/a2")) for _ in range(24)]
+        await asyncio.sleep(4)
+        first = await asyncio.to_thread(gw.stats, "tiny")
+        for _ in range(20):
+            await asyncio.sleep(0.5)
+            widest[0] = max(widest[0], len((await asyncio.to_thread(_worker, gw))["gpu_adapters"]))
+        last = await asyncio.to_thread(gw.stats, "tiny")
+        stop.set()
+        await asyncio.gather(*tasks)
+        return {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in ("alice", "bob")}
+
+    service = asyncio.run(scenario())
+    assert min(service.values()) > 0, service
+    assert abs(service["alice"] - service["bob"]) <= 0.25 * sum(service.values()), service  # bob sends twice as much
+    assert 1 <= widest[0] <= 2  # never more adapters in the batch than the GPU holds
 
 
 def test_a_hostile_burst_against_vllm_gets_4xx_and_holds_nothing(vtc_gateway):
