@@ -25,6 +25,14 @@ pytestmark = pytest.mark.slow
 
 LOOPBACK_IPS = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 LOOPBACK_HOOK = {"worker_process_setup_hook": "fairgate.common.loopback.bind_serve_to_loopback"}
+# Ray 2.60's raylet waits a fixed 15 s for its dashboard agent's port file and then aborts; on 2 busy
+# cores (vLLM engines starting beside it) the agent can take longer, and `serve run` then exits with this
+RAY_START_RACE = "The current node timed out during startup"
+
+
+def start_logged(command: list[str], env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
 
 
 def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
@@ -52,21 +60,18 @@ def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
             "PYTHONPATH": str(REPO),
         }
     )
-    serve_cli = Path(sys.executable).with_name("serve")
+    command = [str(Path(sys.executable).with_name("serve")), "run", str(config_file)]
+    command += ["--runtime-env-json", json.dumps(LOOPBACK_HOOK)]
     log = tmp_path / "serve-run.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(serve_cli), "run", str(config_file), "--runtime-env-json", json.dumps(LOOPBACK_HOOK)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
+    proc = start_logged(command, env, tmp_path, log)
+    retried = False
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240
         while True:
+            if proc.poll() is not None and not retried and RAY_START_RACE in log.read_text():
+                retried = True  # once: the race is Ray's, on a loaded machine (see RAY_START_RACE)
+                proc = start_logged(command, env, tmp_path, log)
             assert proc.poll() is None, f"serve run exited:\n{log.read_text()[-3000:]}"
             try:
                 r = httpx.get(f"{base}/healthz", timeout=2)  # the gateway's own answer, through the front door
