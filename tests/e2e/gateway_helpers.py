@@ -258,11 +258,19 @@ async def light_probe(client: openai.AsyncOpenAI, model: str, stop: asyncio.Even
 
 async def _flood(
     c: dict[str, openai.AsyncOpenAI], probe: openai.AsyncOpenAI, model: str, seconds: float, load: dict[str, int],
-    warmup_s: float, mark: Callable[[], Any],
+    warmup_s: float, mark: Callable[[], Any], ready: Callable[[Any], bool] = lambda _: True,
 ) -> tuple[Any, Any, list[float], list, dict[str, list]]:  # fmt: skip
     """Heavy tenants in closed loops (``load``: tenant -> clients) and a light probe; ``mark()`` taken
-    after the warm-up and once more ``seconds`` later. Returns both marks, the probe's first-token
-    latencies, every heavy result, and each heavy tenant's ends (when, usage)."""
+    after the warm-up and once more ``seconds`` later, each retaken for a few seconds until ``ready``
+    says it was taken at a moment that counts. Returns both marks, the probe's first-token latencies,
+    every heavy result, and each heavy tenant's ends (when, usage)."""
+
+    async def mark_when_ready() -> Any:
+        deadline = time.monotonic() + 10.0
+        while not ready(taken := await asyncio.to_thread(mark)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return taken
+
     stop = asyncio.Event()
     results: list = []
     ttfts: list[float] = []
@@ -272,9 +280,9 @@ async def _flood(
     ]
     tasks.append(asyncio.create_task(light_probe(probe, model, stop, ttfts)))
     await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
-    first = await asyncio.to_thread(mark)
+    first = await mark_when_ready()
     await asyncio.sleep(seconds)
-    last = await asyncio.to_thread(mark)
+    last = await mark_when_ready()
     stop.set()
     await asyncio.gather(*tasks)
     return first, last, ttfts, results, ends
@@ -285,9 +293,14 @@ async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: 
     (service of each heavy tenant between two moments when all were backlogged, carol's first-token
     latencies, every heavy result)."""
     c = clients(gw)
-    first, last, ttfts, results, _ = await _flood(c, c["carol"], gw.config.model, seconds, load, warmup_s, gw.stats)
-    for t in load:
-        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+
+    def backlogged(stats: dict) -> bool:
+        return all(stats["tenants"][t]["queued"] > 0 for t in load)
+
+    first, last, ttfts, results, _ = await _flood(
+        c, c["carol"], gw.config.model, seconds, load, warmup_s, gw.stats, backlogged
+    )
+    assert backlogged(first) and backlogged(last), (first["tenants"], last["tenants"])
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
     return got, ttfts, results
 

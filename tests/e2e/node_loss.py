@@ -88,14 +88,16 @@ class Node:
                 return proc
         raise RuntimeError(f"no raylet for {self.name}")
 
-    def kill(self) -> int:
-        """The node's raylet, every process under it and every worker process of it, at once
-        (SIGKILL): the node is gone."""
+    def processes(self) -> set[psutil.Process]:
+        """The node's raylet, every process under it and every worker process of it."""
         raylet = self.raylet()
         port = str(self.ports["node-manager"])
-        victims = {raylet, *raylet.children(recursive=True)}
-        victims |= {p for p in psutil.process_iter(["cmdline"]) if _names_port(p.info["cmdline"], "node", port)}
-        return _kill(victims)
+        found = {raylet, *raylet.children(recursive=True)}
+        return found | {p for p in psutil.process_iter(["cmdline"]) if _names_port(p.info["cmdline"], "node", port)}
+
+    def kill(self) -> int:
+        """Every process of the node at once (SIGKILL): the node is gone."""
+        return _kill(self.processes())
 
 
 def _names_port(cmdline: list[str] | None, what: str, port: str) -> bool:
@@ -192,14 +194,19 @@ def main() -> dict[str, Any]:
             streams = [(t, client) for t, client in clients.items() for _ in range(STREAMS)]
             loops = [asyncio.create_task(streaming_client(client, t, stop, out)) for t, client in streams]
             await asyncio.sleep(5.0)
+            victims = node_a.processes()  # found first: the snapshot is taken just before they die
             before = await asyncio.to_thread(stats)
             killed_at = time.monotonic()
-            figures["processes_killed"] = node_a.kill()
+            figures["processes_killed"] = _kill(victims)
+            seen = [before["workers"]]  # what the dispatcher held on each worker until it saw the node gone
             while len(left := (await asyncio.to_thread(stats))["workers"]) > 1:  # the dispatcher sees it gone
+                seen.append(left)
                 await asyncio.sleep(0.2)
             figures["worker_lost_after_s"] = time.monotonic() - killed_at
-            victim = next(w for w in before["workers"] if w["id"] != left[0]["id"])
-            figures["running_on_victim"] = victim["running"] + victim.get("waiting", 0)
+            victim_id = next(w["id"] for w in before["workers"] if w["id"] != left[0]["id"])
+            figures["running_on_victim"] = max(  # requests may still reach it between the snapshot and the kill
+                w["running"] + w.get("waiting", 0) for workers in seen for w in workers if w["id"] == victim_id
+            )
             await asyncio.sleep(1.0)
             await asyncio.to_thread(node_a.start, gcs, temp_dir, {"fg-worker": 1}, 1)  # the node comes back
             while len((await asyncio.to_thread(stats))["workers"]) < 2:

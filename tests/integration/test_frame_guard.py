@@ -18,6 +18,8 @@ from fairgate.common.frame_guard import ADMISSION_HOP, HELLO_FRAME_BYTES, Guard,
 from fairgate.common.frames import ConnectionLost, FrameConnection, MessageConnection, connect, listen
 from fairgate.common.rpc import fairgate_pb2 as pb
 
+from ..waiting import eventually
+
 SECRET = b"frame-guard-test-secret"
 KEY = hop_key(SECRET, ADMISSION_HOP)
 MiB = 1 << 20
@@ -90,10 +92,7 @@ def test_partial_frames_of_tens_of_mib_before_the_hello_are_refused_at_their_hea
             assert rss_bytes() - before < 8 * MiB
         assert await _one_call(address, "served") == "served"
         assert len(sent) == 4 and all(n < 48 * MiB for n in sent)  # hung up on long before the end
-        for _ in range(100):  # the served peer's connection ends
-            if not len(gate):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: not len(gate))  # the served peer's connection ends
         assert rss_bytes() - before < 8 * MiB and _Counting.parsed == 1 and len(gate) == 0
         server.close()
 

@@ -22,6 +22,8 @@ from fairgate.workers.engines.simulated.runner import SimulatedRunner
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
 from fairgate.workers.worker import REPORT_LINGER_S, Worker
 
+from ..waiting import eventually
+
 SECRET = b"test-secret-not-for-production"
 FAST = StepTimeModel(0.002, 0.0, 0.0, 0.0)  # every step 2 ms
 
@@ -38,10 +40,7 @@ async def cluster(
     ]
     for w in workers:
         await w.start()
-    for _ in range(200):
-        if len(service.scheduler.workers) == n_workers:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(service.scheduler.workers) == n_workers)
     assert len(service.scheduler.workers) == n_workers
     return service, workers
 
@@ -116,10 +115,8 @@ def test_submit_assign_generate_and_account_exactly():
         assert chunks[-1].completion_tokens == 12 and chunks[-1].prompt_tokens == n_prompt
         assert chunks[0].status == 200 and chunks[0].content_type.startswith("text/event-stream")
         assert count_tokens(text_of([c.data for c in chunks])) == 12
-        for _ in range(100):  # the finish report may trail the last chunk by a step
-            if not service.scheduler.in_flight():
-                break
-            await asyncio.sleep(0.01)
+        # the finish report may trail the last chunk by a step
+        await eventually(lambda: not service.scheduler.in_flight())
         stats = service.stats()
         assert stats["tenants"]["alice"]["service"] == LinearCost().total(n_prompt, 12)
         assert stats["in_flight"] == 0 and stats["workers"][0]["committed"] == 0
@@ -192,19 +189,13 @@ def test_reports_are_held_while_nothing_waits_and_go_at_once_when_a_request_queu
         service._apply = counted
         first = await service.submit("a", "A", 10, 250)  # 10 ms steps: 2.5 s of reports
         running = asyncio.create_task(generate(first, "x " * 10, 250))
-        for _ in range(300):
-            if w._report_linger == REPORT_PACE_IDLE_S:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: w._report_linger == REPORT_PACE_IDLE_S)
         assert w._report_linger == REPORT_PACE_IDLE_S, "nothing waited, yet the dispatcher kept the fast pace"
         since = len(reports)
         await asyncio.sleep(0.5)  # about 50 steps
         assert len(reports) - since <= 15, f"{len(reports) - since} reports in 0.5 s at the idle pace"
         waiting = asyncio.create_task(service.submit("b", "B", 290, 5))  # 291 > 300 less a's 11+: it waits
-        for _ in range(100):
-            if w._report_linger == REPORT_LINGER_S:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: w._report_linger == REPORT_LINGER_S)
         assert w._report_linger == REPORT_LINGER_S, "a request waits, yet the worker kept holding its reports"
         await running
         placement = await asyncio.wait_for(waiting, 5)
@@ -278,10 +269,7 @@ def test_draining_worker_gets_no_new_work_and_finishes_what_it_runs():
         assert all(p.worker_id != running.worker_id for p in placements)
         chunks = await asyncio.wait_for(job, 5)
         assert chunks[-1].completion_tokens == 30 and chunks[-1].finish_reason == "length"
-        for _ in range(200):
-            if drained.worker_id not in service.scheduler.workers.slots:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: drained.worker_id not in service.scheduler.workers.slots)
         assert drained.worker_id not in service.scheduler.workers.slots
         await shutdown(service, workers)
 
@@ -562,10 +550,8 @@ def test_a_prefill_under_way_when_its_client_leaves_is_charged_even_if_the_relea
         await data.aclose()
         service.release("left")  # ... and the ingress frees it at once, before the step's report
         assert service.scheduler.tenants["A"].service == 0  # refunded, as far as the dispatcher knew
-        for _ in range(300):  # the step's report (started, then ended) arrives
-            if service.scheduler.tenants["A"].service and not service.scheduler.in_flight():
-                break
-            await asyncio.sleep(0.01)
+        # the step's report (started, then ended) arrives
+        await eventually(lambda: service.scheduler.tenants["A"].service and not service.scheduler.in_flight())
         a = service.scheduler.tenants["A"]
         assert a.service == n_prompt + 2 * a.output_tokens and a.output_tokens <= 1  # the prefill's step only
         assert not service.scheduler.in_flight() and not engine.has_work()  # aborted in the engine at once
@@ -650,10 +636,7 @@ def test_one_request_failing_on_a_worker_never_ends_another_stream_and_connectio
         assert outcome.finish_reason == "length" and outcome.completion_tokens == 200
         assert count_tokens(text_of(pieces)) == 200
         assert len(connections._idle[long.address]) == 1  # the long request ended cleanly
-        for _ in range(200):
-            if "quitter" not in workers[0]._running:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: "quitter" not in workers[0]._running)
         assert "quitter" not in workers[0]._running and not workers[0].runner.has_work()
         await connections.close()
         await shutdown(service, workers)
@@ -698,10 +681,7 @@ def test_a_worker_whose_stream_is_cut_while_it_lives_runs_nothing_twice_and_coun
         await asyncio.sleep(0.3)
         stop.set()
         await asyncio.gather(*tasks)
-        for _ in range(200):
-            if not service.scheduler.in_flight() and not service._pending:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: not service.scheduler.in_flight() and not service._pending)
         assert checks == 50 and len(done) > 16
         assert all(tokens == 30 and reason == "length" for _, _, tokens, reason in done)
         assert all(worker.generated[rid] == 1 for _, rid, _, _ in done)  # none ran twice
@@ -744,10 +724,7 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
         answer = json.loads(b"".join(c.data for c in chunks))
         assert answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["finish_reason"] == "length"
         assert answer["id"] == "r-admitted" and "chosen-by-client" not in workers[0].generated
-        for _ in range(100):
-            if not service.scheduler.in_flight():
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: not service.scheduler.in_flight())
         assert service.stats()["tenants"]["alice"]["output_tokens"] == 5
         refused = await service.submit("r-refused", "alice", 3, 5)  # a body the engine's layer refuses
         bad = pb.GenerateRequest(
@@ -760,10 +737,8 @@ def test_a_body_asking_more_than_its_ticket_gets_what_was_admitted():
         )
         chunks = await send_generate(refused.address, bad)
         assert chunks[0].status == 400 and json.loads(b"".join(c.data for c in chunks))["error"]["param"]
-        for _ in range(100):  # never reached the engine: freed and refunded at once
-            if not service.scheduler.in_flight():
-                break
-            await asyncio.sleep(0.01)
+        # never reached the engine: freed and refunded at once
+        await eventually(lambda: not service.scheduler.in_flight())
         assert not service.scheduler.in_flight() and service.scheduler.workers["w0"].committed == 0
         await shutdown(service, workers)
 
@@ -868,10 +843,7 @@ async def _admission_cancel_and_restart():
     while not submits.calls:
         await asyncio.sleep(0.01)
     queued.cancel()  # the client left while queued
-    for _ in range(200):
-        if submits.cancelled:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: submits.cancelled)
     assert submits.cancelled == ["gone"]
 
     waiting = asyncio.create_task(client.submit(pb.SubmitRequest(request_id="r1", tenant="alice")))
