@@ -7,7 +7,7 @@ import contextlib
 import secrets
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,21 +256,30 @@ async def light_probe(client: openai.AsyncOpenAI, model: str, stop: asyncio.Even
         await asyncio.sleep(0.5)
 
 
+def backlogged(stats: dict, tenants: Iterable[str]) -> bool:
+    """Whether each of ``tenants`` had requests waiting in the dispatcher when ``stats`` was taken."""
+    return all(stats["tenants"][t]["queued"] > 0 for t in tenants)
+
+
+async def stats_when_backlogged(stats: Callable[[], dict], tenants: Iterable[str], within_s: float = 10.0) -> dict:
+    """``stats()`` taken at a moment when every one of ``tenants`` has requests waiting, retaken for up
+    to ``within_s``: a closed loop's tenant may have all its requests running for an instant, and a
+    window of service measured between such moments would not be one of contention. Returns the last
+    taken (a caller asserts ``backlogged``)."""
+    tenants = list(tenants)
+    deadline = time.monotonic() + within_s
+    while not backlogged(taken := await asyncio.to_thread(stats), tenants) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return taken
+
+
 async def _flood(
     c: dict[str, openai.AsyncOpenAI], probe: openai.AsyncOpenAI, model: str, seconds: float, load: dict[str, int],
-    warmup_s: float, mark: Callable[[], Any], ready: Callable[[Any], bool] = lambda _: True,
+    warmup_s: float, mark: Callable[[], Awaitable[Any]],
 ) -> tuple[Any, Any, list[float], list, dict[str, list]]:  # fmt: skip
     """Heavy tenants in closed loops (``load``: tenant -> clients) and a light probe; ``mark()`` taken
-    after the warm-up and once more ``seconds`` later, each retaken for a few seconds until ``ready``
-    says it was taken at a moment that counts. Returns both marks, the probe's first-token latencies,
-    every heavy result, and each heavy tenant's ends (when, usage)."""
-
-    async def mark_when_ready() -> Any:
-        deadline = time.monotonic() + 10.0
-        while not ready(taken := await asyncio.to_thread(mark)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        return taken
-
+    after the warm-up and once more ``seconds`` later. Returns both marks, the probe's first-token
+    latencies, every heavy result, and each heavy tenant's ends (when, usage)."""
     stop = asyncio.Event()
     results: list = []
     ttfts: list[float] = []
@@ -280,9 +289,9 @@ async def _flood(
     ]
     tasks.append(asyncio.create_task(light_probe(probe, model, stop, ttfts)))
     await asyncio.sleep(warmup_s)  # until the heavy tenants are backlogged
-    first = await mark_when_ready()
+    first = await mark()
     await asyncio.sleep(seconds)
-    last = await mark_when_ready()
+    last = await mark()
     stop.set()
     await asyncio.gather(*tasks)
     return first, last, ttfts, results, ends
@@ -294,13 +303,11 @@ async def overload(gw: Gateway, seconds: float, load: dict[str, int], warmup_s: 
     latencies, every heavy result)."""
     c = clients(gw)
 
-    def backlogged(stats: dict) -> bool:
-        return all(stats["tenants"][t]["queued"] > 0 for t in load)
+    async def mark() -> dict:
+        return await stats_when_backlogged(gw.stats, load)
 
-    first, last, ttfts, results, _ = await _flood(
-        c, c["carol"], gw.config.model, seconds, load, warmup_s, gw.stats, backlogged
-    )
-    assert backlogged(first) and backlogged(last), (first["tenants"], last["tenants"])
+    first, last, ttfts, results, _ = await _flood(c, c["carol"], gw.config.model, seconds, load, warmup_s, mark)
+    assert backlogged(first, load) and backlogged(last, load), (first["tenants"], last["tenants"])
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in load}
     return got, ttfts, results
 
@@ -310,7 +317,11 @@ async def overload_engine_alone(base_url: str, model: str, seconds: float, load:
     counted by its own clients (the default linear cost of the requests that ended inside the window).
     Returns what ``overload`` returns."""
     c = {t: openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120) for t in [*load, ""]}
-    first, last, ttfts, results, ends = await _flood(c, c[""], model, seconds, load, warmup_s, time.monotonic)
+
+    async def mark() -> float:
+        return time.monotonic()
+
+    first, last, ttfts, results, ends = await _flood(c, c[""], model, seconds, load, warmup_s, mark)
     cost = LinearCost()
     got = {
         t: sum(cost.total(u.prompt_tokens, u.completion_tokens) for at, u in e if first < at <= last)

@@ -6,12 +6,13 @@ use of one model costs it nothing on the other); tenants, keys and the live page
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import httpx
 import openai
 import pytest
 
-from .gateway_helpers import MAX_TOKENS, Gateway, clients, closed_loop, deploy
+from .gateway_helpers import MAX_TOKENS, Gateway, backlogged, clients, closed_loop, deploy, stats_when_backlogged
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +85,9 @@ def test_fairness_is_per_pool_and_the_live_page_shows_both(gw):
             for _ in range(4)
         ]
         await asyncio.sleep(3.0)
-        first = await asyncio.to_thread(gw.stats, RESTRICTED)
+        first = await stats_when_backlogged(partial(gw.stats, RESTRICTED), ("alice", "bob"))
         await asyncio.sleep(6.0)
-        last = await asyncio.to_thread(gw.stats, RESTRICTED)
+        last = await stats_when_backlogged(partial(gw.stats, RESTRICTED), ("alice", "bob"))
         async with httpx.AsyncClient(timeout=30) as http:
             page = await http.get(
                 gw.base_url.removesuffix("/v1") + "/admin/dashboard.json",
@@ -98,8 +99,7 @@ def test_fairness_is_per_pool_and_the_live_page_shows_both(gw):
 
     first, last, results, page = asyncio.run(scenario())
     assert all(r == MAX_TOKENS for r in results), [r for r in results if r != MAX_TOKENS][:3]
-    for t in ("alice", "bob"):
-        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+    assert backlogged(first, ("alice", "bob")) and backlogged(last, ("alice", "bob")), (first, last)
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in ("alice", "bob")}
     data = page.json()
     assert set(data["pools"]) == {OPEN, RESTRICTED}

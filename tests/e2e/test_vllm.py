@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import httpx
@@ -31,6 +32,7 @@ from tests.conftest import free_port
 from .gateway_helpers import (
     MAX_TOKENS,
     Gateway,
+    backlogged,
     clients,
     closed_loop,
     holds_nothing,
@@ -39,6 +41,7 @@ from .gateway_helpers import (
     revocation_run,
     scrape,
     start_deploy,
+    stats_when_backlogged,
 )
 from .lora_adapters import make_adapter
 
@@ -436,17 +439,16 @@ def test_fairness_holds_within_each_vllm_pool(vtc_gateway):
             asyncio.create_task(closed_loop(c[t], TEAMS, stop, results)) for t in ("alice", "bob") for _ in range(10)
         ]
         await asyncio.sleep(4.0)
-        first = await asyncio.to_thread(gw.stats, TEAMS)
+        first = await stats_when_backlogged(partial(gw.stats, TEAMS), ("alice", "bob"))
         await asyncio.sleep(10.0)
-        last = await asyncio.to_thread(gw.stats, TEAMS)
+        last = await stats_when_backlogged(partial(gw.stats, TEAMS), ("alice", "bob"))
         stop.set()
         await asyncio.gather(*tasks)
         return first, last, results
 
     first, last, results = asyncio.run(scenario())
     assert [r for r in results if r != MAX_TOKENS] == []
-    for t in ("alice", "bob"):
-        assert first["tenants"][t]["queued"] > 0 and last["tenants"][t]["queued"] > 0, t
+    assert backlogged(first, ("alice", "bob")) and backlogged(last, ("alice", "bob")), (first, last)
     got = {t: last["tenants"][t]["service"] - first["tenants"][t]["service"] for t in ("alice", "bob")}
     two_u = 2 * (2 * KV_TOKENS)  # U = max(w_p, w_q) × the pool, with the default linear cost (1, 2)
     assert got["alice"] > 0 and abs(got["alice"] - got["bob"]) <= two_u, got
