@@ -40,11 +40,13 @@ settings.load_profile(os.environ.get("FAIRGATE_HYPOTHESIS") or ("ci" if os.envir
 # --no-loadscope-reorder``: a module's tests stay together on one worker, sharing its module-scoped
 # servers, and modules are handed out in collection order). The longest go first, a long one handed
 # out last would leave the other worker idle: these, longest first, from each module's time alone on a
-# 2-core machine (the soak first: two and a half minutes of waiting on half a core, beside the CPU-bound rest).
+# 2-core machine. The soak first: two and a half minutes of waiting on half a core, beside the vLLM
+# module, whose engines start in parallel and take the other core and a half (beside the conformance
+# suite, which takes one core, half a core sat idle).
 LONGEST_FIRST = (
     "tests/e2e/test_soak.py",  # 180 s
-    "tests/unit/test_policy_conformance.py",  # 250 s
     "tests/e2e/test_vllm.py",  # 240 s
+    "tests/unit/test_policy_conformance.py",  # 250 s
     "tests/e2e/test_serve_cli.py",  # 150 s
     "tests/e2e/test_bench_peers.py",  # 115 s
     "tests/e2e/test_vllm_cache.py",  # 105 s
