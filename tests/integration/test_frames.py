@@ -174,3 +174,26 @@ def test_nothing_received_after_close_is_delivered():
     conn.data_received(b"".join(len(f).to_bytes(4, "big") + f for f in (b"first", b"second", b"third")))
     conn.data_received((5).to_bytes(4, "big") + b"later")
     assert delivered == [b"first"]
+
+
+def test_a_caller_cancelled_as_its_handshake_completes_is_cancelled():
+    """The ingress cancels a request's connect when its client goes away; a cancel that lands in the
+    same turn as the listener's handshake must still end the connect (asyncio.wait_for on 3.11 returned
+    the connection instead, and the caller went on to wait for frames no one would send)."""
+
+    async def scenario():
+        connecting = asyncio.current_task()
+        assert connecting is not None
+
+        class CancelledOnHandshake(FrameConnection):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                assert self.handshake is not None
+                self.handshake.ready.add_done_callback(lambda _: connecting.cancel())
+
+        server, address, _ = await listen("127.0.0.1", FrameConnection, GUARD)
+        with pytest.raises(asyncio.CancelledError):
+            await connect(address, CancelledOnHandshake, KEY)
+        server.close()
+
+    asyncio.run(scenario())
