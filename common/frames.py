@@ -284,8 +284,10 @@ async def connect(address: str, protocol: Callable[[], F], key: bytes, timeout_s
     _, conn = await asyncio.get_running_loop().create_connection(made, host.strip("[]"), int(port))
     assert conn.handshake is not None
     try:
-        async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it drops a cancel that meets the handshake
-            await asyncio.shield(conn.handshake.ready)
+        await asyncio.wait_for(asyncio.shield(conn.handshake.ready), timeout_s)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # on 3.11 wait_for drops a cancel that meets the handshake
+            raise asyncio.CancelledError
     except TimeoutError:
         conn.abort()
         raise ConnectionLost(f"{address} sent no handshake within {timeout_s:.0f} s") from None
