@@ -84,6 +84,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+QUIET_PORTS = range(21000, 32000)  # below the kernel's ephemeral range, above Ray's worker ports
+
+
+def quiet_port() -> int:
+    """A free port that ``free_port`` will not hand to anyone else meanwhile: for a server that binds
+    it only seconds later, in another process (a port from the ephemeral range can be given to the
+    other test worker's next gateway first, which then answers in its place)."""
+    import random
+
+    for port in random.sample(QUIET_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 @pytest.fixture(scope="session")
 def serve_port():
     """One local Ray cluster and Serve instance for the whole session (starting them costs ~10 s)."""
