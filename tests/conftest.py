@@ -78,29 +78,36 @@ def mooncake_trace() -> Path:
     return MOONCAKE_TRACE
 
 
+# Ports handed to servers that bind them later, often seconds later and in another process: from
+# below the kernel's ephemeral range (a port bind(0) returned, once closed, can be given to the other
+# test worker's next server first, which then answers in its place) and above Ray's worker ports, a
+# slice of its own for each test worker, never the same one twice in a process.
+PORT_RANGE = range(21000, 32000)
+
+
+def _port_slice() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    size = len(PORT_RANGE) // 4
+    return range(PORT_RANGE.start + (index % 4) * size, PORT_RANGE.start + (index % 4 + 1) * size)
+
+
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-QUIET_PORTS = range(21000, 32000)  # below the kernel's ephemeral range, above Ray's worker ports
-
-
-def quiet_port() -> int:
-    """A free port that ``free_port`` will not hand to anyone else meanwhile: for a server that binds
-    it only seconds later, in another process (a port from the ephemeral range can be given to the
-    other test worker's next gateway first, which then answers in its place)."""
-    import random
-
-    for port in random.sample(QUIET_PORTS, 200):
+    """A loopback port free now that no other caller in this run is handed."""
+    for port in _port_slice():
+        if port in _handed_out:
+            continue
+        _handed_out.add(port)
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError("no free port below the ephemeral range")
+    raise RuntimeError("every port of this test worker's slice was handed out")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from fairgate.common.loopback import HAPROXY_DIR_ENV, LOOPBACK_ENV, haproxy_environment, stop_haproxy
-from tests.conftest import REPO, quiet_port
+from tests.conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def start_logged(command: list[str], env: dict[str, str], cwd: Path, log: Path) 
 
 
 def test_serve_run_deploy_serve_yaml_serves_the_openai_api(tmp_path: Path):
-    port = quiet_port()  # Serve binds it half a minute later
+    port = free_port()
     serve_config = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
     serve_config["http_options"] |= {"host": "127.0.0.1", "port": port}  # as shipped, on a free loopback port
     config_file = tmp_path / "serve.yaml"

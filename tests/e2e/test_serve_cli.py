@@ -15,7 +15,7 @@ import openai
 import pytest
 import yaml
 
-from tests.conftest import quiet_port
+from tests.conftest import free_port
 from tests.integration.test_cli import fairgate
 
 from .gateway_helpers import deploy
@@ -28,7 +28,7 @@ from .gateway_helpers import deploy
     ids=["simulated", "vllm"],
 )
 def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path, flags, model):
-    port = quiet_port()  # bound once Ray and the gateway are up
+    port = free_port()
     exe = Path(sys.executable).parent / "fairgate"
     log = open(tmp_path / "serve.log", "w+")  # noqa: SIM115 - read back below
     proc = subprocess.Popen(
