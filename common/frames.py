@@ -27,6 +27,7 @@ from typing import Any, ClassVar, TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from fairgate.common.frame_guard import ClientHandshake, Guard, ListenerGate
+from fairgate.common.waits import within
 
 M = TypeVar("M", bound=Message)
 F = TypeVar("F", bound="FrameConnection")
@@ -284,10 +285,7 @@ async def connect(address: str, protocol: Callable[[], F], key: bytes, timeout_s
     _, conn = await asyncio.get_running_loop().create_connection(made, host.strip("[]"), int(port))
     assert conn.handshake is not None
     try:
-        await asyncio.wait_for(asyncio.shield(conn.handshake.ready), timeout_s)
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():  # on 3.11 wait_for drops a cancel that meets the handshake
-            raise asyncio.CancelledError
+        await within(asyncio.shield(conn.handshake.ready), timeout_s)
     except TimeoutError:
         conn.abort()
         raise ConnectionLost(f"{address} sent no handshake within {timeout_s:.0f} s") from None

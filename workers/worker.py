@@ -28,6 +28,7 @@ from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.rpc import fairgate_pb2_grpc as rpc
 from fairgate.common.tickets import WORKER_AUTH_HEADER, TicketBook, check, check_size, ticket_fields, worker_token
 from fairgate.common.tracing import extract_context, tracer
+from fairgate.common.waits import within
 from fairgate.core.reasons import FINISH_REVOKED
 from fairgate.workers.asgi_call import AsgiResponse, Linger, call_asgi
 from fairgate.workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
@@ -140,7 +141,7 @@ class Worker:
             self._outbox.put_nowait(pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining")))
         deadline = time.monotonic() + timeout_s
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._released.wait(), timeout_s)
+            await within(self._released.wait(), timeout_s)
         while (self.runner.has_work() or self._running) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await self.stop()
@@ -317,7 +318,7 @@ class Worker:
                 return
             self._hurry.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._hurry.wait(), wait)
+                await within(self._hurry.wait(), wait)
 
     def _hello(self) -> pb.Hello:
         running = [_announced(rid, r) for rid, r in self._running.items()]
