@@ -62,3 +62,21 @@ def test_config_takes_a_vllm_section_and_names_bad_fields():
     ):
         with pytest.raises(ConfigError, match=needle):
             parse_config({**raw, "workers": workers})
+
+
+def test_serve_flags_switch_the_default_pool_to_a_vllm_model():
+    """``fairgate serve --engine vllm --model tiny --kv-tokens 2048 --workers 1``: the embedded default's
+    simulated pool becomes one vLLM worker serving the model under its own name (the gateway starting on
+    a vLLM pool is test_vllm's; the command starting and stopping, test_serve_cli's)."""
+    from fairgate.cli.serve import ServeOverrides, _override
+    from fairgate.gateway.config import load_config
+
+    default, _ = load_config(None)
+    flags = ServeOverrides(workers=1, policy="vtc", engine="vllm", model="tiny", kv_tokens=2048)
+    config = _override(default, flags)
+    assert config.workers.engine == "vllm" and config.workers.count == 1
+    vllm = VllmSettings.from_dict(config.workers.settings["vllm"])
+    assert (vllm.model, vllm.kv_tokens) == ("tiny", 2048)
+    assert config.model == "tiny" and [m.name for m in config.models] == ["tiny"]
+    assert config.scheduler.policy == "vtc"
+    assert _override(default, ServeOverrides(model="tiny")).workers.engine == "vllm"  # a model asks for vLLM

@@ -12,8 +12,15 @@ from fairgate.loadgen.workloads import PRESETS, Phase, TenantSpec, generate
 SAME_LENGTH = {"overload", "proportional", "on_off_less", "on_off_overload", "increase", "dist_shift"}
 
 
+_runs: dict[tuple, dict] = {}
+
+
 def report(workload, policy: str, **kw) -> dict:
-    return simulate(workload, SimulationConfig(policy=policy, **kw)).report
+    """The run's report; a workload run under the same settings by another test here is run once."""
+    key = (workload.name, workload.duration_s, len(workload.requests), policy, tuple(sorted(kw.items())))
+    if key not in _runs:
+        _runs[key] = simulate(workload, SimulationConfig(policy=policy, **kw)).report
+    return _runs[key]
 
 
 @pytest.fixture(scope="module")
