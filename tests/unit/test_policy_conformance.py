@@ -518,9 +518,9 @@ class Driver:
         raise AssertionError("requests still waiting or running after settling")
 
 
-# The event suites are the property suite over the core: twice the profile's examples per case (CI:
-# 120 event lists of 40-160 events for each policy and placement, each test, beside the kept examples).
-EVENT_CASES = settings(max_examples=2 * settings.default.max_examples)
+# The event suites are the property suite over the core: the profile's examples per case (CI: 60 event
+# lists of 40-160 events for each policy and placement, each test, beside the kept examples; 22 cases).
+EVENT_CASES = settings(max_examples=settings.default.max_examples)
 
 
 # Found by the suite: under FCFS a request put back at the head of its queue (requeued) can be later
