@@ -39,26 +39,26 @@ settings.load_profile(os.environ.get("FAIRGATE_HYPOTHESIS") or ("ci" if os.envir
 # The test command runs the suite on two workers (pytest-xdist, ``--dist loadscope
 # --no-loadscope-reorder``: a module's tests stay together on one worker, sharing its module-scoped
 # servers, and modules are handed out in collection order). The longest go first, a long one handed
-# out last would leave the other worker idle: these, longest first, from each module's time alone on a
-# 2-core machine. The soak first: two and a half minutes of waiting on half a core, beside the vLLM
-# module, whose engines start in parallel and take the other core and a half (beside the conformance
-# suite, which takes one core, half a core sat idle).
+# out last would leave the other worker idle: these, roughly longest first, as profiled runs of the
+# suite measured them. The soak first: two and a half minutes of waiting on half a core, beside the
+# vLLM module, whose engines start in parallel and take the other core and a half (beside the
+# conformance suite, which takes one core, half a core sat idle).
 LONGEST_FIRST = (
-    "tests/e2e/test_soak.py",  # 180 s
-    "tests/e2e/test_vllm.py",  # 240 s
-    "tests/unit/test_policy_conformance.py",  # 250 s
-    "tests/e2e/test_serve_cli.py",  # 150 s
-    "tests/e2e/test_bench_peers.py",  # 115 s
-    "tests/e2e/test_vllm_cache.py",  # 105 s
-    "tests/e2e/test_deploy_serve_yaml.py",  # 80 s
-    "tests/e2e/test_node_loss.py",  # 75 s
-    "tests/e2e/test_tree.py",  # 75 s
-    "tests/e2e/test_fairness.py",  # 70 s
-    "tests/e2e/test_chaos.py",  # 70 s
-    "tests/simulation/test_paper_results.py",  # 55 s
-    "tests/integration/test_vllm_engine.py",  # 50 s
-    "tests/e2e/test_abuse.py",  # 45 s
-    "tests/integration/test_cli.py",  # 30 s
+    "tests/e2e/test_soak.py",
+    "tests/e2e/test_vllm.py",
+    "tests/unit/test_policy_conformance.py",
+    "tests/e2e/test_serve_cli.py",
+    "tests/e2e/test_bench_peers.py",
+    "tests/e2e/test_vllm_cache.py",
+    "tests/e2e/test_deploy_serve_yaml.py",
+    "tests/e2e/test_node_loss.py",
+    "tests/e2e/test_tree.py",
+    "tests/e2e/test_fairness.py",
+    "tests/e2e/test_chaos.py",
+    "tests/simulation/test_paper_results.py",
+    "tests/integration/test_vllm_engine.py",
+    "tests/e2e/test_abuse.py",
+    "tests/integration/test_cli.py",
 )
 
 
