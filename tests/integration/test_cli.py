@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,12 +26,9 @@ REQUIRED_RUN_KEYS = {
 REQUIRED_TENANT_KEYS = {"service", "requests", "rejected", "mean_ttft_s", "p99_ttft_s"}
 
 
-def fairgate(
-    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+def fairgate(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("fairgate", path=str(Path(sys.executable).parent)) or "fairgate"
-    environment = {**os.environ, **env} if env else None
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=environment)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def small_spec(tmp_path: Path) -> Path:

@@ -518,11 +518,6 @@ class Driver:
         raise AssertionError("requests still waiting or running after settling")
 
 
-# The event suites are the property suite over the core: the profile's examples per case (CI: 60 event
-# lists of 40-160 events for each policy and placement, each test, beside the kept examples; 22 cases).
-EVENT_CASES = settings(max_examples=settings.default.max_examples)
-
-
 # Found by the suite: under FCFS a request put back at the head of its queue (requeued) can be later
 # than the ones behind it; withdrawing it then lowers its tenant's key, which the waiting set must see.
 FCFS_HEAD_WITHDRAWN = (
@@ -565,7 +560,6 @@ def balanced(d: Driver) -> None:
 
 
 @pytest.mark.parametrize(("policy", "placement"), TREE_CASES)
-@EVENT_CASES
 @given(events, st.integers(0, 160))
 def test_in_a_tree_with_classes_nothing_is_lost_books_balance_and_snapshots_agree(policy, placement, trace, cut):
     d = Driver(policy, placement, tree=True)
@@ -591,7 +585,6 @@ INDEX_EMPTIED_BY_A_LEAVE = (
 
 
 @pytest.mark.parametrize(("policy", "placement"), CASES)
-@EVENT_CASES
 @given(events, st.integers(0, 160))
 @example(FCFS_HEAD_WITHDRAWN, len(FCFS_HEAD_WITHDRAWN))
 @example(INDEX_EMPTIED_BY_A_LEAVE, 114)
