@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -281,6 +282,19 @@ class DispatcherActor(AdapterCalls):
         with open(f"/proc/{os.getpid()}/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return {"pid": os.getpid(), "rss_bytes": rss}
+
+    async def load_counters(self) -> dict[str, dict[str, int]]:
+        """Per pool, requests dispatched and worker messages received so far: what a load test reads
+        often (nothing here grows with the pool)."""
+        return {m: {"dispatched": s.dispatched, "worker_messages": s.worker_messages} for m, s in self._pools.items()}
+
+    async def snapshot_cost(self) -> dict[str, float]:
+        """What one write of the durable state costs now, as the Redis store writes it: building every
+        pool's state and encoding it as JSON (seconds of this process, bytes)."""
+        await self._ready()
+        started = time.process_time()
+        encoded = [json.dumps(service.durable_state()) for service in self._pools.values()]
+        return {"seconds": time.process_time() - started, "bytes": float(sum(len(e) for e in encoded))}
 
     # ------------------------------------------------------------------ tenants (ingress and admin API)
 

@@ -135,8 +135,10 @@ class DispatcherService:
         self.ttft = Histogram()  # submit -> first reported token, on this clock
         self.latency = Histogram()  # submit -> finish
         self.dispatched = 0
+        self.worker_messages = 0  # hellos, step reports and goodbyes received (load tests read it)
         self._pace = REPORT_PACE_WAITING_S  # what the workers were last told (they start at this)
         self._last_waiting = clock()  # when a request last waited
+        self._pass_due = False  # an assignment pass is scheduled for the end of this turn of the loop
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -254,7 +256,7 @@ class DispatcherService:
         future: asyncio.Future[Placement] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         self._schedule_expiry()
-        self._assign()
+        self._assign_soon()
         return future
 
     def release(self, request_id: str) -> None:
@@ -268,7 +270,7 @@ class DispatcherService:
         self.abort(request_id)
         if not req.started:
             self.scheduler.on_finish(request_id, 0, "abort", self._clock())
-            self._assign()
+            self._assign_soon()
 
     def abort(self, request_id: str) -> None:
         """The client of an assigned request is gone: stop it on its worker."""
@@ -363,7 +365,15 @@ class DispatcherService:
         if self.scheduler.queue_depth():
             self._schedule_expiry()
 
+    def _assign_soon(self) -> None:
+        """An assignment pass once the events that arrived together are applied: the worker messages
+        and submits handled in one turn of the event loop make one pass between them, not one each."""
+        if not self._pass_due:
+            self._pass_due = True
+            asyncio.get_running_loop().call_soon(self._assign)
+
     def _assign(self) -> None:
+        self._pass_due = False
         now = self._clock()
         loop = asyncio.get_running_loop()
         for a in self.scheduler.assign(now):
@@ -428,9 +438,9 @@ class DispatcherService:
 
     def _release_drained(self) -> None:
         """Tell each draining worker once nothing assigned to it is still on its way."""
-        for wid, link in self._links.items():
-            slot = self.scheduler.workers.get(wid)
-            if not link.released and slot is not None and slot.draining and slot.pending_count == 0:
+        for slot in self.scheduler.workers.draining:
+            link = self._links.get(slot.id)
+            if link is not None and not link.released and slot.pending_count == 0:
                 link.released = True
                 link.outbox.put_nowait(pb.DispatcherMessage(released=pb.Released()))
 
@@ -451,6 +461,7 @@ class DispatcherService:
 
     def _apply(self, worker_id: str, msg: pb.WorkerMessage) -> str | None:
         """One message from a worker; returns the worker id after a hello."""
+        self.worker_messages += 1
         kind = msg.WhichOneof("kind")
         s = self.scheduler
         if kind == "hello":
@@ -538,7 +549,7 @@ class DispatcherService:
                             outbox.put_nowait(self._pace_message())
                     else:
                         self._apply(worker[0], msg)
-                    self._assign()
+                    self._assign_soon()
             except Exception:
                 log.exception("dispatcher: failed on a message from worker %s; closing its stream", worker)
                 raise
@@ -566,7 +577,7 @@ class DispatcherService:
                     for rid in left.requeued:  # kept for their callers, who will ask again (retry)
                         future = self._orphans[rid] = loop.create_future()
                         self._pending[rid] = future
-                    self._assign()
+                    self._assign_soon()
 
 
 class _DispatcherServicer(rpc.DispatcherServicer):

@@ -223,6 +223,7 @@ class Revocation:
         slot = self._workers.get(req.worker or "")
         if slot is not None and slot.waiting > 0:  # its engine holds one fewer (an idle one reports no more)
             slot.waiting -= 1
+            slot.touch()
         return True
 
     def taken_back(self, request_id: str) -> bool:
@@ -241,7 +242,7 @@ class Revocation:
             req.refused = True
             slot = self._workers.get(req.worker or "")
             if slot is not None:
-                slot.beyond -= req.beyond_room
+                slot.took_back(req)
             req.beyond_room = False
 
     def hold(self, t: Tenant, req: Request, counter_before: float) -> None:

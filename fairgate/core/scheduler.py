@@ -244,7 +244,7 @@ class FairScheduler:
         """Dispatch, in the policy's order, every request that can start now."""
         out: list[Assignment] = []
         self.objectives.waits.observe(now, self.settlement.ledger.total)
-        if not self.workers.slots:
+        if not self.workers.slots or not self.queues:  # nothing can start: a pass costs nothing
             return out
         self.workers.begin_pass()
         pick, place, has_slack = self.book.tree.pick, self.workers.place, self.workers.has_slack

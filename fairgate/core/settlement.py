@@ -145,17 +145,7 @@ class Settlement:
             req.output_tokens, req.charged_output = new, reached
         slot = self._workers.get(worker_id)
         if slot is not None:
-            if free_tokens is not None:
-                slot.free_tokens = free_tokens
-                slot.observe_starts(len(started) if started else 0)
-            if running is not None:
-                slot.running = running
-            if waiting is not None:
-                slot.waiting = waiting
-            if adapters is not None:
-                slot.gpu_adapters = adapters
-            if host_adapters is not None:
-                slot.host_adapters = host_adapters
+            slot.reported(free_tokens, running, waiting, len(started) if started else 0, adapters, host_adapters)
 
     def report_total(self, req: Request, output_tokens: int) -> None:
         """``req`` is known to have generated ``output_tokens`` in all: the tokens not reported yet are."""

@@ -17,7 +17,7 @@ tiny prompts and long outputs cannot fill an engine with far more than it can ho
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,6 +62,15 @@ class WorkerSlot:
     host_adapters: tuple[str, ...] = ()  # and cached in its host memory
     leaving: str = ""  # an adapter given no more requests here, so that its batch makes room (``room_for``)
     room_for: str = ""  # the adapter that room is for
+    opened: int = -1  # when it last became able to take work, in its table's count (-1: it cannot now)
+    # its table, told whenever something that decides whether it may take work changes (not part of a
+    # snapshot): the table keeps the workers that may current, instead of scanning them all per decision
+    watcher: Callable[[WorkerSlot], None] | None = field(default=None, repr=False, compare=False)
+
+    def touch(self) -> None:
+        """Something that decides whether this worker may take work changed."""
+        if self.watcher is not None:
+            self.watcher(self)
 
     def room(self) -> int:
         """KV tokens a new request may use here now, by the engine's own rule."""
@@ -118,6 +127,38 @@ class WorkerSlot:
 
     def observe_starts(self, started: int) -> None:
         self.turnover += TURNOVER_SMOOTHING * (started - self.turnover)
+        self.touch()
+
+    def reported(
+        self,
+        free_tokens: int | None,
+        running: int | None,
+        waiting: int | None,
+        started: int,
+        adapters: tuple[str, ...] | None = None,
+        host_adapters: tuple[str, ...] | None = None,
+    ) -> None:
+        """The engine's own figures at its latest step (None: unsaid); ``started``: requests it started."""
+        if free_tokens is not None:
+            self.free_tokens = free_tokens
+            self.observe_starts(started)
+        if running is not None:
+            self.running = running
+        if waiting is not None:
+            self.waiting = waiting
+        if adapters is not None:
+            self.gpu_adapters = adapters
+        if host_adapters is not None:
+            self.host_adapters = host_adapters
+        self.touch()
+
+    def took_back(self, req: Request) -> None:
+        """``req``, not reported started, turned out to have begun in this engine's batch (it refused to
+        give it back): it is queued here no more."""
+        if req.beyond_room:
+            self.beyond -= 1
+            req.beyond_room = False
+        self.touch()
 
     def assigned(self, req: Request) -> None:
         """``req`` was handed to this worker: its need is committed here until it ends, and counted as
@@ -130,6 +171,7 @@ class WorkerSlot:
         self.pending_tokens += req.need
         self.in_flight += 1
         self.hold_adapter(req.adapter)
+        self.touch()
 
     def started(self, req: Request, prompt_tokens: int, grew: int) -> None:
         """``req`` started here with ``prompt_tokens`` (``grew`` more than its estimate, already added to
@@ -140,6 +182,7 @@ class WorkerSlot:
         self.pending_count -= 1
         self.pending_tokens -= req.need - grew
         self.beyond -= req.beyond_room
+        self.touch()
 
     def released(self, req: Request) -> None:
         """``req`` ended here (or went back to its queue): what it held is free again."""
@@ -152,19 +195,28 @@ class WorkerSlot:
             self.pending_tokens -= req.need
             self.beyond -= req.beyond_room
             req.beyond_room = False
+        self.touch()
 
     def adopted(self, req: Request) -> None:
         """A running request announced by this worker is taken into its books."""
         self.committed += req.need
         self.in_flight += 1
         self.hold_adapter(req.adapter)
+        self.touch()
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in SNAPSHOT_FIELDS}
+
+
+SNAPSHOT_FIELDS = tuple(name for name in WorkerSlot.__slots__ if name != "watcher")
 
 
 class Placement(Protocol):
-    """Picks one worker among those a request fits on (``fairgate.core.placement`` holds the rules)."""
+    """Picks one worker among those a request fits on (``fairgate.core.placement`` holds the rules).
+    ``candidates``: how many of them it needs to see (None: every one)."""
+
+    @property
+    def candidates(self) -> int | None: ...
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot: ...
 
@@ -178,18 +230,49 @@ class WorkerTable:
         self.placement = placement
         self.slots: dict[str, WorkerSlot] = {}
         self._active: list[WorkerSlot] = []  # not draining; kept current by refresh()
+        self._draining: list[WorkerSlot] = []  # and those draining
+        # taking work, with room or a short queue, in the order they became so: fits are among these
+        self._open: dict[str, WorkerSlot] = {}
         self.largest_pool = 0  # the largest KV pool among workers taking work (0 when there are none)
         self.reserve = 0.0  # share of each pool only urgent requests may start into (objectives enforced)
 
     def refresh(self) -> None:
         """Recompute the cached list of workers taking work (after join, drain or leave)."""
         self._active = [w for w in self.slots.values() if not w.draining]
+        self._draining = [w for w in self.slots.values() if w.draining]
         self.largest_pool = max((w.kv_tokens for w in self._active), default=0)
+        opened = sorted((w for w in self._active if w.opened >= 0), key=lambda w: w.opened)
+        self._open = {w.id: w for w in opened}
+        for w in self.slots.values():
+            w.watcher = self._watch
+            self._watch(w)
+
+    def _slack(self, w: WorkerSlot) -> bool:
+        """Whether ``w`` could take one more request of some size: it starts one now, or its queue is
+        short (what ``fits`` asks of a request's own size implies this)."""
+        return w.queued() < w.depth(self.max_engine_waiting) or w.starts_now(1)
+
+    def _watch(self, w: WorkerSlot) -> None:
+        """``w`` changed: it joins the open workers (last) or leaves them. The work per decision
+        follows what changed, not the number of workers."""
+        if not w.draining and self.slots.get(w.id) is w and self._slack(w):
+            if w.id not in self._open:
+                last = next(reversed(self._open.values()), None)  # numbered from what is open: a restore agrees
+                w.opened = last.opened + 1 if last is not None else 0
+                self._open[w.id] = w
+        elif w.opened >= 0:
+            w.opened = -1
+            self._open.pop(w.id, None)
 
     @property
     def taking_work(self) -> list[WorkerSlot]:
         """The workers not draining."""
         return self._active
+
+    @property
+    def draining(self) -> list[WorkerSlot]:
+        """The workers draining (none but these are asked whether they are done)."""
+        return self._draining
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -239,8 +322,7 @@ class WorkerTable:
 
     def has_slack(self) -> bool:
         """Whether some worker could take one more request (its size is checked in ``place``)."""
-        cap = self.max_engine_waiting
-        return any(w.queued() < w.depth(cap) or w.starts_now(1) for w in self._active)  # any adapter: checked in place
+        return bool(self._open)  # any adapter: checked in place
 
     def place(self, need: int, request: Request | None = None) -> WorkerSlot | None:
         """The worker that should get a request needing ``need`` KV tokens to start, or None: one whose
@@ -250,21 +332,24 @@ class WorkerTable:
         footprint = request.footprint if request is not None and request.footprint else need
         if request is not None and request.urgent:
             return self._urgent_place(need, footprint, request.adapter)
-        fits = self.fits(need, footprint, request.adapter if request is not None else "")
+        fits = self.fits(need, footprint, request.adapter if request is not None else "", self.placement.candidates)
         if not fits:
             return None
         return fits[0] if len(fits) == 1 else self.placement.choose(fits, request)
 
-    def fits(self, need: int, footprint: int, adapter: str = "") -> list[WorkerSlot]:
+    def fits(self, need: int, footprint: int, adapter: str = "", limit: int | None = None) -> list[WorkerSlot]:
         """The workers a request needing ``need`` KV tokens to start, expected to reach ``footprint``
         (for ``adapter``), may go to now (not urgent): those it starts on now, and those whose queue is
-        short, where its adapter may join the batch (an engine skips a request whose adapter may not)."""
+        short, where its adapter may join the batch (an engine skips a request whose adapter may not).
+        ``limit``: the first that many found are enough (those that could take work longest first)."""
         cap, over = self.max_engine_waiting, self.overcommit
-        return [
-            w
-            for w in self._active
-            if w.adapter_fits(adapter) and self._takes(w, need, cap) and w.within_overcommit(footprint, over)
-        ]
+        found: list[WorkerSlot] = []
+        for w in self._open.values():
+            if w.adapter_fits(adapter) and self._takes(w, need, cap) and w.within_overcommit(footprint, over):
+                found.append(w)
+                if len(found) == limit:
+                    break
+        return found
 
     def takes(self, w: WorkerSlot, request: Request) -> bool:
         """Whether ``w`` is among ``fits`` for a request that is not urgent."""

@@ -314,7 +314,8 @@ def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignme
         waiting = asyncio.create_task(service.submit("raced", "B", 50, 40))  # no room beside the first
         while not service.scheduler.is_queued("raced"):
             await asyncio.sleep(0.01)
-        service.release("first")  # assigns the waiting request ...
+        service.release("first")  # its pass, at the end of this turn of the loop, assigns the waiting request ...
+        await asyncio.sleep(0)  # (the pass runs; the waiting call resumes only after this one)
         assert "raced" in service.scheduler.in_flight()
         waiting.cancel()  # ... and its call is withdrawn before it resumes
         with pytest.raises(asyncio.CancelledError):

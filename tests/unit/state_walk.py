@@ -19,7 +19,9 @@ REBUILT = {
     ("WorkerCache", "version"),
     ("WaitingSet", "_heap"),  # live entries with keys that may lag (re-keyed at the top); ``_live`` holds them
     ("WorkerTable", "_active"),  # the slots not draining
+    ("WorkerTable", "_draining"),  # and those draining
     ("WorkerTable", "largest_pool"),
+    ("WorkerSlot", "watcher"),  # its table
 }
 # (class, field): a mapping whose order decides nothing (compared as a mapping)
 UNORDERED = {

@@ -30,6 +30,7 @@ def flooded(revoke: bool = True, tree: bool = False, engine_waiting: int = 2) ->
     assert [a.request.id for a in s.assign(0.0)] == ["a0", "a1"]  # a1 waits in the engine's queue
     s.on_report("w", {"a0": 1}, started={"a0": 100}, running=1, waiting=1)
     s.workers["w"].turnover = 1.0  # the engine's queue grows two deep
+    s.workers["w"].touch()  # (its table is told, as the slot's own methods do)
     assert [a.request.id for a in s.assign(0.1)] == ["a2"]
     return s
 
@@ -179,6 +180,7 @@ def test_a_request_already_queued_in_an_engine_behind_the_flood_takes_back_what_
     for i in range(3):
         s.submit(f"a{i}", "A", 100, 50, 0.1)
     s.workers["w"].turnover = 1.5  # the engine's queue grows three deep
+    s.workers["w"].touch()
     assert [x.request.id for x in s.assign(0.1)] == ["a0", "a1", "a2"]  # a0 starts, a1 and a2 wait in it
     s.on_report("w", {"b0": 1, "a0": 1}, started={"a0": 100}, running=2, waiting=2)
     s.submit("b1", "B", 100, 50, 0.2)  # B has b0 in the engine: b1 waits in its queue, behind a1 and a2

@@ -32,6 +32,7 @@ class PlacementRule:
 
     name: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()  # each an attribute of the same name (``spec`` writes them)
+    candidates: ClassVar[int | None] = None  # how many workers that fit it needs to see (None: all)
 
     @property
     def spec(self) -> str:

@@ -8,15 +8,20 @@ from fairgate.core.model import Request
 from fairgate.core.placement.base import PlacementRule, most_room, register
 from fairgate.core.workers import WorkerSlot
 
+SCAN = 32  # workers that fit a request, looked at per decision at most
+
 
 @register
 class MostRoom(PlacementRule):
     """The most free KV room, then the fewest running requests, then the lowest id (deterministic).
 
     Spreads load so that the next large request still finds room somewhere; blind to prefix caches.
+    Where more than ``SCAN`` workers could take a request, it chooses among the first ``SCAN`` found,
+    those that could take work longest first: a decision's work stays the same as the fleet grows.
     """
 
     name = "most-room"
+    candidates = SCAN
 
     def choose(self, fits: Sequence[WorkerSlot], request: Request | None) -> WorkerSlot:
         return min(fits, key=most_room)

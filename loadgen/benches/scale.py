@@ -1,0 +1,339 @@
+"""``fairgate bench scale``: the dispatcher as deployed, against fleets of 8 to 1,024 workers.
+
+The dispatcher is the gateway's own actor (``DispatcherActor``, in a local Ray cluster): submits reach
+it over the real admission frames, as an ingress replica sends them, and the workers report over their
+real gRPC streams. The workers are the real worker code over simulated engines of the H200 step-time
+preset, many to a process (``fairgate.loadgen.fleet_host``). This process is the ingress: it submits
+requests at a set rate (arrivals a Poisson process over 100 tenants), and runs each placed request on
+its worker over the data plane, as the ingress does.
+
+Per fleet size the rate ramps (times ``--ramp`` per step) until the p99 admission latency (submit to
+placement, as the ingress sees it) passes ``--p99-ms`` or fewer than 95% of the requests offered are
+placed in time; the sustained rate is the last step that held. Per step: the dispatcher process's CPU
+(read from /proc), divided by the requests it dispatched and by the worker messages it received, and
+those messages per second. On a machine of few cores the rate is bounded by the whole fleet sharing
+them; the dispatcher's CPU per request is the figure that carries to a big host (docs/speed.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import random
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fairgate.common.loopback import ray_environment
+from fairgate.core.registry import Param
+from fairgate.loadgen.benches.base import Bench, Figures, Options, numbers, register
+from fairgate.loadgen.fleet_host import FleetSpec
+
+MODEL = "fairgate-sim"
+TENANTS = 100
+PROMPT_TOKENS = 64
+MAX_TOKENS = 8
+KV_TOKENS = 200_000
+MAX_RUNNING = 64
+STEP_MODEL = "h200-llama3-8b"
+PLACED_SHARE = 0.95  # of the requests offered in a step, placed within it, for the step to hold
+
+
+@dataclass(frozen=True)
+class Dispatcher:
+    """The dispatcher actor under test, and what the ingress needs to reach it."""
+
+    actor: Any
+    pid: int
+    admission: str
+    pool: str
+    secret: str
+    keys: dict[str, str]  # tenant -> key hash, as the ingress sends it
+
+
+@dataclass
+class StepResult:
+    offered_per_s: float
+    placed: int
+    offered: int
+    errors: int
+    p99_admission_ms: float
+    p50_admission_ms: float
+    cpu_s: float
+    dispatched: int
+    worker_messages: int
+    seconds: float
+
+    def holds(self, p99_ms: float) -> bool:
+        return self.errors == 0 and self.placed >= PLACED_SHARE * self.offered and self.p99_admission_ms <= p99_ms
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "offered_requests_per_s": self.offered_per_s,
+            "placed_requests_per_s": self.placed / self.seconds,
+            "errors": self.errors,
+            "p50_admission_ms": self.p50_admission_ms,
+            "p99_admission_ms": self.p99_admission_ms,
+            "dispatcher_cpu_ms_per_request": 1000 * self.cpu_s / max(1, self.dispatched),
+            "dispatcher_cpu_ms_per_message": 1000 * self.cpu_s / max(1, self.worker_messages),
+            "dispatcher_cpu_share": self.cpu_s / self.seconds,
+            "report_messages_per_s": self.worker_messages / self.seconds,
+        }
+
+
+def start_dispatcher(app: str) -> Dispatcher:
+    """The dispatcher actor as a gateway creates it, for a configuration of ``TENANTS`` tenants."""
+    import ray
+
+    from fairgate.common.key_hashing import KeyHasher
+    from fairgate.dispatcher.actor import get_or_create_dispatcher
+    from fairgate.gateway.config import deployable, parse_config
+
+    secret = secrets.token_hex(16)
+    api_keys = {f"t{i}": "fg-scale-" + secrets.token_hex(12) for i in range(TENANTS)}
+    raw = {
+        "model": MODEL,
+        "tenants": [{"name": t, "api_key": k} for t, k in api_keys.items()],
+        "limits": {"max_queued_per_tenant": 100_000, "max_queued": 1_000_000},
+        "workers": {"count": 1, "engine": "simulated", "kv_tokens": KV_TOKENS},
+    }
+    config, _ = parse_config(raw, "bench scale")
+    actor = get_or_create_dispatcher(app, deployable(config, secret), secret)
+    pool = ray.get(actor.address.remote())
+    hasher = KeyHasher.from_environment(secret)
+    return Dispatcher(
+        actor,
+        ray.get(actor.process.remote())["pid"],
+        ray.get(actor.admission_address.remote()),
+        pool,
+        secret,
+        {t: hasher.of_key(k) for t, k in api_keys.items()},
+    )
+
+
+@contextlib.contextmanager
+def fleet(d: Dispatcher, workers: int, hosts: int) -> Iterator[None]:
+    """``workers`` workers attached to ``d``, spread over ``hosts`` processes, until the block ends."""
+    import ray
+
+    per_host = math.ceil(workers / hosts)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for first in range(0, workers, per_host):
+            count = min(per_host, workers - first)
+            spec = FleetSpec(d.pool, d.secret, first, count, KV_TOKENS, MAX_RUNNING, STEP_MODEL)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "fairgate.loadgen.fleet_host", spec.to_json()],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for proc in procs:
+            if proc.stdout is None or proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a fleet host did not start")
+        deadline = time.monotonic() + 120
+        while len(ray.get(d.actor.stats.remote())["workers"]) < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the dispatcher did not see {workers} workers within 120 s")
+            time.sleep(0.2)
+        yield
+    finally:
+        for proc in procs:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                proc.stdin.close()  # type: ignore[union-attr]
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[list[float], int, int]:
+    """Requests arriving at ``rate`` per second for ``seconds``, each submitted as the ingress does and
+    run on its worker; (admission seconds of those placed in time, requests offered, errors)."""
+    from fairgate.common.rpc import fairgate_pb2 as pb
+    from fairgate.ingress.admission_client import AdmissionClient
+    from fairgate.ingress.generation import Outcome, WorkerConnections, stream_bytes
+
+    async def where() -> str:
+        return d.admission
+
+    admission = AdmissionClient(where, d.secret, wait_s=10.0, abandoned=lambda _: None)
+    connections = WorkerConnections(d.secret.encode())
+    body = json.dumps(
+        {"model": MODEL, "prompt": "word " * PROMPT_TOKENS, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    ).encode()
+    rng = random.Random(seed)
+    tenants = list(d.keys)
+    waits: list[float] = []
+    errors = 0
+    end = time.monotonic() + seconds
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        tenant = rng.choice(tenants)
+        request = pb.SubmitRequest(
+            request_id=f"s{seed}-{i}",
+            tenant=tenant,
+            prompt_tokens=PROMPT_TOKENS,
+            max_tokens=MAX_TOKENS,
+            key_hash=d.keys[tenant],
+            model=MODEL,
+        )
+        t0 = time.monotonic()
+        try:
+            reply = await admission.submit(request)
+            if reply.rejected:
+                raise RuntimeError(reply.rejected)
+            placed = time.monotonic()
+            if placed <= end:
+                waits.append(placed - t0)
+            generate = pb.GenerateRequest(
+                ticket=reply.ticket,
+                endpoint="completions",
+                body=body,
+                prompt_tokens=PROMPT_TOKENS,
+                max_tokens=MAX_TOKENS,
+                choices=1,
+            )
+            async for _ in stream_bytes(connections, reply.address, generate, Outcome()):
+                pass
+        except Exception:
+            errors += 1
+
+    tasks: list[asyncio.Task[None]] = []
+    offered, due = 0, time.monotonic()
+    while due < end:
+        due += rng.expovariate(rate)
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(offered)))
+        offered += 1
+    await asyncio.gather(*tasks)
+    await admission.close()
+    await connections.close()
+    return waits, offered, errors
+
+
+def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
+    import psutil
+    import ray
+
+    proc = psutil.Process(d.pid)
+    before, cpu0, t0 = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic()
+    waits, offered, errors = asyncio.run(offer(d, rate, seconds, seed))
+    after, cpu1, elapsed = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic() - t0
+    ms = sorted(1000 * w for w in waits) or [math.inf]
+    return StepResult(
+        offered_per_s=rate,
+        placed=len(waits),
+        offered=offered,
+        errors=errors,
+        p99_admission_ms=ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+        p50_admission_ms=statistics.median(ms),
+        cpu_s=(cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        dispatched=after["dispatched"] - before["dispatched"],
+        worker_messages=after["worker_messages"] - before["worker_messages"],
+        seconds=elapsed,
+    )
+
+
+def scale_row(workers: int, options: Options) -> dict[str, Any]:
+    """One fleet size: its dispatcher, its fleet, and the ramp."""
+    import ray
+
+    d = start_dispatcher(f"scale-{workers}")
+    try:
+        with fleet(d, workers, options["hosts"]):
+            step(d, options["start_rate"], 2.0, seed=0)  # warm-up: connections, caches, the JIT of nothing
+            steps: list[StepResult] = []
+            rate = options["start_rate"]
+            while rate <= options["max_rate"]:
+                result = step(d, rate, options["seconds"], seed=len(steps) + 1)
+                steps.append(result)
+                if not result.holds(options["p99_ms"]):
+                    break
+                rate *= options["ramp"]
+            snapshot = ray.get(d.actor.snapshot_cost.remote())
+    finally:
+        ray.kill(d.actor)
+    held = [s for s in steps if s.holds(options["p99_ms"])]
+    best = held[-1] if held else None
+    reference = steps[0].figures()
+    return {
+        "workers": workers,
+        "sustained_requests_per_s": best.placed / best.seconds if best else 0.0,
+        "p99_admission_ms": best.p99_admission_ms if best else steps[0].p99_admission_ms,
+        "dispatcher_cpu_ms_per_request": reference["dispatcher_cpu_ms_per_request"],
+        "dispatcher_cpu_ms_per_message": reference["dispatcher_cpu_ms_per_message"],
+        "report_messages_per_s": (best or steps[0]).figures()["report_messages_per_s"],
+        "snapshot_ms": 1000 * snapshot["seconds"],
+        "snapshot_bytes": int(snapshot["bytes"]),
+        "steps": [s.figures() for s in steps],
+    }
+
+
+@register
+class ScaleBench(Bench):
+    """The dispatcher's rate and CPU per request as the fleet grows from 8 to 1,024 workers."""
+
+    name = "scale"
+    help = "the dispatcher as deployed against fleets of N workers: sustained rate, CPU per request"
+    params = (
+        Param("workers", str, "8,64,256,1024", "fleet sizes, comma-separated"),
+        Param("seconds", float, 5.0, "seconds per rate step"),
+        Param("start_rate", float, 200.0, "requests/s of the first step (every fleet size runs it)"),
+        Param("ramp", float, 1.5, "each step's rate over the last's"),
+        Param("max_rate", float, 50_000.0, "the ramp stops past this rate"),
+        Param("p99_ms", float, 5.0, "the p99 admission latency a step must hold"),
+        Param("hosts", int, 2, "processes the fleet's workers are spread over"),
+    )
+
+    def check(self, options: Options) -> None:
+        numbers(options["workers"], "--workers")
+        if options["seconds"] <= 0 or options["start_rate"] <= 0 or options["ramp"] <= 1 or options["hosts"] < 1:
+            raise ValueError("--seconds and --start-rate must be positive, --ramp above 1, --hosts at least 1")
+
+    def run(self, options: Options) -> Figures:
+        ray_environment()  # before anything imports Ray: it reads these at import time
+        from fairgate.gateway.app import start_local_ray
+
+        start_local_ray()
+        rows = [scale_row(n, options) for n in numbers(options["workers"], "--workers")]
+        smallest = min(rows, key=lambda r: r["workers"])
+        largest = max(rows, key=lambda r: r["workers"])
+        return {
+            "rows": rows,
+            "cpu_per_request_ratio": largest["dispatcher_cpu_ms_per_request"]
+            / smallest["dispatcher_cpu_ms_per_request"],
+            "reference_rate": options["start_rate"],
+        }
+
+    def report(self, figures: Figures) -> str:
+        lines = [
+            "| workers | sustained requests/s (p99 admission) | dispatcher CPU ms/request | ms/message "
+            "| report messages/s | snapshot ms (KB) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in figures["rows"]:
+            lines.append(
+                f"| {r['workers']:,} | {r['sustained_requests_per_s']:,.0f} ({r['p99_admission_ms']:.1f} ms) "
+                f"| {r['dispatcher_cpu_ms_per_request']:.3f} | {r['dispatcher_cpu_ms_per_message']:.3f} "
+                f"| {r['report_messages_per_s']:,.0f} | {r['snapshot_ms']:.1f} ({r['snapshot_bytes'] / 1000:,.0f}) |"
+            )
+        lines.append(
+            f"CPU per request at {figures['reference_rate']:,.0f} requests/s, largest fleet over smallest: "
+            f"{figures['cpu_per_request_ratio']:.2f}x"
+        )
+        return "\n".join(lines)
