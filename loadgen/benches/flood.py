@@ -7,7 +7,7 @@ Arms: ``round-robin`` (each request straight to the next engine, which admits an
 rule: vLLM's, newest first), and fairgate with VTC, its engines preempting the newest (their default)
 or by the dispatcher's ranks (``preempt_by="priority"``). Figures per arm: tokens/s (prompt and output),
 each tenant's service rate and share, the largest backlogged gap against the stated bound,
-preemptions, and the light tenant's mean first-token time.
+preemptions, and the light tenant's first-token time (mean, p50, p99).
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def bench_flood(seconds: float = 300.0, replicas: tuple[int, ...] = (1, 4), seed
                     **service_row(report, seconds),
                     "preemptions": sum(e.preemptions for e in sim.engines),
                     "light_mean_ttft_s": tenants[LIGHT]["mean_ttft_s"],
+                    "light_p50_ttft_s": tenants[LIGHT]["p50_ttft_s"],
+                    "light_p99_ttft_s": tenants[LIGHT]["p99_ttft_s"],
                     "heavy_mean_ttft_s": tenants[HEAVY]["mean_ttft_s"],
                 }
             )
@@ -111,17 +113,20 @@ class FloodBench(Bench):
             f"KV-bound flood, {figures['seconds']:.0f} simulated s; closed loops: {loops} outstanding; "
             "~400 in / 300 out",
             f"{'engines':>7}  {'arm':<34} {'tokens/s':>9} {'vs RR':>6}  {'shares (heavy/light)':>20}  "
-            f"{'gap / bound':>17}  {'preempt':>7}  light TTFT",
+            f"{'gap / bound':>17}  {'preempt':>7}  light TTFT mean, p50, p99",
         ]
         for r in figures["rows"]:
             share = "/".join(f"{v:.0%}" for v in r["share"].values())
             gap = "-" if r["arm"] == ARMS[0].name else f"{r['max_backlogged_gap']:,.0f}"  # no queue to be backlogged in
-            ttft = r["light_mean_ttft_s"]
+            ttft = ", ".join(
+                "-" if r[k] is None else f"{r[k]:.2f}"
+                for k in ("light_mean_ttft_s", "light_p50_ttft_s", "light_p99_ttft_s")
+            )
             out.append(
                 f"{r['replicas']:>7}  {r['arm']:<34} {r['throughput_tokens_per_s']:>9.0f}"
                 f" {r['vs_round_robin']:>5.2f}x"
                 f"  {share:>20}  {gap:>7} / {r['bound']:>7,.0f}  {r['preemptions']:>7}"
-                f"  {'-' if ttft is None else f'{ttft:.2f} s'}"
+                f"  {ttft} s"
                 f"{'' if r['bound_held'] else '  (over the bound)'}"
             )
         return "\n".join(out)

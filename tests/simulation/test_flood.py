@@ -33,3 +33,14 @@ def test_the_light_tenant_gets_its_share_inside_the_bound(rows):
     by_rank, newest = rows[(1, ARMS[2].name)], rows[(1, ARMS[1].name)]
     assert by_rank["light_mean_ttft_s"] < newest["light_mean_ttft_s"] < blind["light_mean_ttft_s"]
     assert by_rank["share"][HEAVY] + by_rank["share"][LIGHT] == pytest.approx(1.0)
+
+
+def test_a_burst_on_engines_with_room_is_spread_so_the_light_tenant_waits_no_longer_than_behind_round_robin(rows):
+    """Four engines with room to spare: the finishes of a step come back together, and their successors
+    are placed by the prefill each engine already has for its next step, not all on the emptiest."""
+    blind = rows[(4, ARMS[0].name)]
+    for arm in ARMS[1:]:
+        r = rows[(4, arm.name)]
+        assert r["light_p50_ttft_s"] <= blind["light_p50_ttft_s"], (arm.name, r["light_p50_ttft_s"])
+        assert r["light_p99_ttft_s"] <= blind["light_p99_ttft_s"], (arm.name, r["light_p99_ttft_s"])
+        assert r["throughput_tokens_per_s"] >= 0.99 * blind["throughput_tokens_per_s"]

@@ -21,9 +21,11 @@ def fullness(w: WorkerSlot) -> float:
     return 1.0 - w.room() / w.kv_tokens
 
 
-def most_room(w: WorkerSlot) -> tuple[int, int, str]:
-    """The order of ``most-room``: the most room, then the fewest running, then the id."""
-    return (-w.room(), w.running + w.pending_count, w.id)
+def most_room(w: WorkerSlot) -> tuple[int, int, int, str]:
+    """The order of ``most-room``: the least prompt work already assigned for the engine's next step
+    (a request placed there waits for that prefill too, so a burst is spread rather than sent whole to
+    the emptiest engine as one long prefill), then the most room, the fewest running, the id."""
+    return (w.pending_tokens, -w.room(), w.running + w.pending_count, w.id)
 
 
 class PlacementRule:

@@ -13,9 +13,11 @@ SCAN = 32  # workers that fit a request, looked at per decision at most
 
 @register
 class MostRoom(PlacementRule):
-    """The most free KV room, then the fewest running requests, then the lowest id (deterministic).
+    """The least prompt work assigned for the engine's next step (not yet started there), then the most
+    free KV room, the fewest running requests, the lowest id (deterministic).
 
-    Spreads load so that the next large request still finds room somewhere; blind to prefix caches.
+    Spreads a burst over the engines (each request waits for the prefill ahead of it in its step) and
+    load so that the next large request still finds room somewhere; blind to prefix caches.
     Where more than ``SCAN`` workers could take a request, it chooses among the first ``SCAN`` found,
     those that could take work longest first: a decision's work stays the same as the fleet grows.
     """
