@@ -13,6 +13,11 @@ policy's order. The worker answers
 each with a finish whose reason is ``revoked`` only if its engine had not started it (then it never
 will there); that finish puts it back at the head of its tenant's queue with its dispatch charge
 refunded (``requeue``). One round is out at a time.
+
+Revocation follows the counters, so it applies only under a policy that orders by them (``tree``):
+under any other (FCFS, a rate limit) the policy could place the request taken back again before the
+one it was taken back for, and the two would trade places for ever. Under a locality slack, only what
+stays more than the slack ahead is taken: within it, the policy may serve that side first.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ class Revocation:
     charges held apart until their requests start (``enabled``: the ``revoke`` setting; without it
     nothing is held and nothing taken back)."""
 
-    __slots__ = ("_book", "_budget", "_in_flight", "_workers", "enabled", "revoking")
+    __slots__ = ("_book", "_budget", "_in_flight", "_slack", "_workers", "enabled", "revoking")
 
     def __init__(
         self, enabled: bool, book: TenantBook, in_flight: InFlight, workers: WorkerTable, budget: BudgetUse
     ) -> None:
-        self.enabled = enabled
+        self.enabled = enabled and book.policy.tree
+        self._slack = book.policy.locality_slack
         self._book = book
         self._in_flight = in_flight
         self._workers = workers
@@ -190,9 +196,9 @@ class Revocation:
     ) -> list[str]:
         """Which of ``served``'s unstarted ``reqs`` (all of them) to take back for ``waiting``: newest
         dispatched first, while its side, with them and every one dispatched after them refunded, stays
-        strictly ahead of the waiting side. ``behind``: the waiting tenant's request already in an
-        engine's queue behind them (the waiting side is compared without it), and ``among``: those ahead
-        of it there, the only ones that may be taken."""
+        strictly ahead of the waiting side by more than the policy's locality slack. ``behind``: the
+        waiting tenant's request already in an engine's queue behind them (the waiting side is compared
+        without it), and ``among``: those ahead of it there, the only ones that may be taken."""
         if served is waiting:
             return []
         gap = self.over_service(served, waiting)
@@ -200,7 +206,7 @@ class Revocation:
         if gap == math.inf:
             return [r.id for r in newest_first if _takable(r) and (among is None or r.id in among)]
         a, b = _parting(served, waiting)
-        room = gap + (behind.held / b.weight if behind is not None else 0.0)
+        room = gap - self._slack + (behind.held / b.weight if behind is not None else 0.0)
         out: list[str] = []
         for req in newest_first:
             room -= req.held / a.weight

@@ -274,7 +274,7 @@ class FairScheduler:
                     self._dispatch_pick(out, local, now, at_top=local[1] is req)
                     continue
             slot = place(req.need, req)
-            if slot is not None and self.config.revoke and not req.urgent and not slot.starts_now(req.need):
+            if slot is not None and self.revocation.enabled and not req.urgent and not slot.starts_now(req.need):
                 slot = self.revocation.place_or_wait(tenant, req)
                 if slot is None:
                     break  # it waits here: what it is owed is taken back (``revocations``)
