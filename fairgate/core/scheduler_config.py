@@ -37,7 +37,8 @@ class SchedulerConfig:
     ``objective_reserve``: while a class enforces its first-token objective, the share of each engine's
     KV pool that only its requests may start into (``WorkerTable.place``).
     ``revoke``: take back requests an engine holds unstarted from tenants more served than the one
-    that waits with nowhere to go (``fairgate.core.revocation``).
+    that waits with nowhere to go (``fairgate.core.revocation``); on by default, so that a request
+    waiting inside an engine's queue still counts as waiting (docs/architecture.md, "Revocation").
     """
 
     policy: str = "vtc"
@@ -53,7 +54,7 @@ class SchedulerConfig:
     max_queue_s: float | None = None
     classes: tuple[RequestClass, ...] = ()
     objective_reserve: float = 0.1
-    revoke: bool = False
+    revoke: bool = True
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy, self.seed)  # refuses unknown ones
@@ -92,7 +93,7 @@ class SchedulerConfig:
             max_queue_s=_optional(data.get("max_queue_s"), float),
             classes=tuple(RequestClass.from_dict(c) for c in data.get("classes") or ()),
             objective_reserve=float(data.get("objective_reserve", 0.1)),
-            revoke=bool(data.get("revoke", False)),
+            revoke=bool(data.get("revoke", True)),
         )
 
 

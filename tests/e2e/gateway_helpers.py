@@ -149,8 +149,7 @@ def start_deploy(
         raw["tree"] = tree
     if quotas is not None:
         raw["quotas"] = quotas
-    if revoke:
-        raw["revoke"] = True
+    raw["revoke"] = revoke  # off unless asked (the deployment's default is on): each test says which it runs
     if adapters is not None:
         raw["adapters"] = adapters
     if max_loras is not None:

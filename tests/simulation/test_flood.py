@@ -1,7 +1,8 @@
 """A KV-bound flood in virtual time (``fairgate bench flood``): fairgate keeps the engine as busy as a
 fairness-blind round-robin front does (the engine's own admission), while the light tenant gets its
 share and the backlogged gap stays inside the stated bound; preemption by the dispatcher's ranks
-gives the light tenant a shorter first-token time than the engine's newest-first rule."""
+gives the light tenant a shorter first-token time than the engine's newest-first rule; with both tenants
+keeping more outstanding than the engine runs at once, the default gives the light one its share."""
 
 from __future__ import annotations
 
@@ -9,10 +10,28 @@ import pytest
 
 from fairgate.loadgen.benches.flood import ARMS, HEAVY, LIGHT, bench_flood, ratio_to_round_robin
 
+DEFAULT = ARMS[3]
+assert DEFAULT.revoke and DEFAULT.preempt_by == "priority"  # the deployment's defaults
+
 
 @pytest.fixture(scope="module")
 def rows():
     return {(r["replicas"], r["arm"]): r for r in bench_flood(seconds=150.0, replicas=(1, 4))}
+
+
+@pytest.fixture(scope="module")
+def both_above():
+    """4:1 outstanding, each more than one engine runs at once (about 18 of these requests)."""
+    loops = {HEAVY: 96, LIGHT: 24}
+    return {r["arm"]: r for r in bench_flood(seconds=150.0, replicas=(1,), outstanding=loops)}
+
+
+def test_by_default_the_light_tenant_gets_its_share_of_one_engine_at_round_robins_throughput(both_above):
+    blind, default = both_above[ARMS[0].name], both_above[DEFAULT.name]
+    assert blind["light_over_heavy"] < 0.3  # round robin: service follows what each keeps outstanding
+    assert default["light_over_heavy"] >= 0.9, default["light_over_heavy"]
+    assert default["throughput_tokens_per_s"] >= 0.95 * blind["throughput_tokens_per_s"]
+    assert default["bound_held"]
 
 
 def test_fairgate_keeps_the_round_robin_fronts_throughput_on_one_and_four_engines(rows):
