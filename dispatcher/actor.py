@@ -151,7 +151,7 @@ class DispatcherActor(AdapterCalls):
         """The live page's and the OTLP exporter's figures; a failure skips one sample, never the rest."""
         while True:
             try:
-                self._latest = self._history.record(time.time(), self._service.telemetry())
+                self._latest = self._history.record(time.time(), self._service.sample())
             except Exception:
                 log.exception("dispatcher: taking a telemetry sample failed")
             await asyncio.sleep(interval_s)

@@ -288,20 +288,35 @@ class DispatcherService:
     def telemetry(self) -> dict[str, Any]:
         """Stats plus what operators watch: latency histograms, dispatches, the gap and its bound."""
         data = self.stats()
-        tenants = data["tenants"]
-        backlogged = self.scheduler.waiting_tenants()
+        self._add_fairness(data)
         data.update(
             ttft=self.ttft.snapshot(),
             latency=self.latency.snapshot(),
+            objectives=dict(self.scheduler.waits.views()),
+            adapters=self._adapter_rows(data["workers"]),
+        )
+        return data
+
+    def sample(self) -> dict[str, Any]:
+        """What the service history and the OTLP exporter read every second: the tenants', the nodes'
+        and the fairness figures of ``telemetry``, none per worker: a sample's work, which holds the
+        event loop, does not grow with the fleet."""
+        data = self.scheduler.tenant_stats()
+        data["queue_depth"] = self.scheduler.queue_depth()
+        self._add_fairness(data)
+        return data
+
+    def _add_fairness(self, data: dict[str, Any]) -> None:
+        """Dispatches, who is backlogged and with how much, the gap and its bound, into ``data``."""
+        tenants = data["tenants"]
+        backlogged = self.scheduler.waiting_tenants()
+        data.update(
             dispatched=self.dispatched,
             backlogged=backlogged,
             backlog_tokens=sum(t["queued_tokens"] for t in tenants.values()),
             gap=self._gap(tenants, backlogged, data["nodes"]),
             two_u=self.scheduler.fairness_bound(),
-            objectives=dict(self.scheduler.waits.views()),
-            adapters=self._adapter_rows(data["workers"]),
         )
-        return data
 
     def _adapter_rows(self, workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Per adapter: the workers holding it on the GPU and in host memory, its loads and their time."""

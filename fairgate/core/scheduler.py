@@ -566,6 +566,9 @@ class FairScheduler:
     def stats(self) -> dict[str, Any]:
         return scheduler_views.stats(self.book, len(self.queues), len(self.flights), self.workers)
 
+    def tenant_stats(self) -> dict[str, Any]:
+        return scheduler_views.tenant_stats(self.book)
+
     # ------------------------------------------------------------------ snapshots
 
     def snapshot(self) -> dict[str, Any]:

@@ -65,6 +65,17 @@ def demand(book: TenantBook, queued: int, running: int, workers: WorkerTable) ->
 def stats(book: TenantBook, queued: int, running: int, workers: WorkerTable) -> dict[str, Any]:
     """Every tenant's and tree node's figures, the queue and the workers (the live page's)."""
     return {
+        **tenant_stats(book),
+        "queue_depth": queued,
+        "in_flight": running,
+        "workers": workers.snapshot(),
+    }
+
+
+def tenant_stats(book: TenantBook) -> dict[str, Any]:
+    """Every tenant's and tree node's figures: ``stats`` less the workers, so its work does not grow
+    with the fleet (what is sampled every second)."""
+    return {
         "tenants": {
             t.name: {
                 "weight": t.weight,
@@ -96,7 +107,4 @@ def stats(book: TenantBook, queued: int, running: int, workers: WorkerTable) -> 
             }
             for n in book.tree.nodes.values()
         },
-        "queue_depth": queued,
-        "in_flight": running,
-        "workers": workers.snapshot(),
     }

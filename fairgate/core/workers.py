@@ -233,6 +233,7 @@ class WorkerTable:
         self._draining: list[WorkerSlot] = []  # and those draining
         # taking work, with room or a short queue, in the order they became so: fits are among these
         self._open: dict[str, WorkerSlot] = {}
+        self._making_room: dict[str, WorkerSlot] = {}  # taking work, with an adapter leaving their batch
         self.largest_pool = 0  # the largest KV pool among workers taking work (0 when there are none)
         self.reserve = 0.0  # share of each pool only urgent requests may start into (objectives enforced)
 
@@ -243,6 +244,7 @@ class WorkerTable:
         self.largest_pool = max((w.kv_tokens for w in self._active), default=0)
         opened = sorted((w for w in self._active if w.opened >= 0), key=lambda w: w.opened)
         self._open = {w.id: w for w in opened}
+        self._making_room = {w.id: w for w in self._active if w.leaving}
         for w in self.slots.values():
             w.watcher = self._watch
             self._watch(w)
@@ -385,23 +387,28 @@ class WorkerTable:
         return max(fits, key=WorkerSlot.room)
 
     def begin_pass(self) -> None:
-        """A new assignment pass: room made where its leaving adapter has left is made."""
-        for w in self._active:
-            if w.leaving and w.leaving not in w.adapters_in_flight:
+        """A new assignment pass: room made where its leaving adapter has left is made (only the workers
+        making room are looked at: a pass's work does not grow with the fleet)."""
+        for w in list(self._making_room.values()):
+            if not w.leaving or w.leaving not in w.adapters_in_flight:
                 w.leaving = w.room_for = ""
+                del self._making_room[w.id]
 
     def room_being_made(self, adapter: str) -> tuple[str, str] | None:
         """(worker, adapter leaving its batch) where room is being made for ``adapter``."""
-        for w in self._active:
-            if w.room_for == adapter and w.leaving:
-                return w.id, w.leaving
-        return None
+        found = [w for w in self._making_room.values() if w.room_for == adapter and w.leaving]
+        if len(found) > 1:  # the first in the table's order, as a restored table finds it
+            order = {wid: i for i, wid in enumerate(self.slots)}
+            found.sort(key=lambda w: order[w.id])
+        return (found[0].id, found[0].leaving) if found else None
 
     def make_room(self, adapter: str, worker: str, leaving: str) -> None:
         """``leaving`` gets no more requests on ``worker`` until its requests there have ended: then the
         batch has room for ``adapter`` (kept in the slot: a snapshot carries it)."""
         slot = self.slots[worker]
         slot.leaving, slot.room_for = leaving, adapter
+        if leaving and not slot.draining:
+            self._making_room[worker] = slot
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [w.to_dict() for w in self.slots.values()]

@@ -120,6 +120,10 @@ def test_submit_assign_generate_and_account_exactly():
         stats = service.stats()
         assert stats["tenants"]["alice"]["service"] == LinearCost().total(n_prompt, 12)
         assert stats["in_flight"] == 0 and stats["workers"][0]["committed"] == 0
+        sample, full = service.sample(), service.telemetry()  # the per-second sample: no worker rows
+        assert "workers" not in sample and sample["tenants"] == full["tenants"]
+        for key in ("queue_depth", "backlog_tokens", "gap", "two_u", "dispatched", "nodes"):
+            assert sample[key] == full[key], key
         await shutdown(service, workers)
 
     asyncio.run(scenario())
