@@ -44,3 +44,27 @@ def plot_workload(path: Path, runs: Sequence[tuple[dict[str, Any], dict[str, Any
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_scale(path: Path, rows: Sequence[dict[str, Any]], reference_rate: float) -> Path:
+    """``fairgate bench scale``'s figures per fleet size: the dispatcher's CPU per request (and per
+    worker message) at the reference rate, and the rate sustained at the p99 admission target."""
+    workers = [r["workers"] for r in rows]
+    fig, (ax_cpu, ax_rate) = plt.subplots(1, 2, figsize=(9.0, 3.6))
+    ax_cpu.plot(workers, [r["dispatcher_cpu_ms_per_request"] for r in rows], marker="o", label="per request")
+    ax_cpu.plot(workers, [r["dispatcher_cpu_ms_per_message"] for r in rows], marker="s", label="per worker message")
+    ax_cpu.set_ylabel(f"dispatcher CPU, ms (at {reference_rate:,.0f} requests/s)")
+    ax_cpu.set_ylim(bottom=0)
+    ax_cpu.legend(fontsize=8)
+    ax_rate.plot(workers, [r["sustained_requests_per_s"] for r in rows], marker="o", color="tab:green")
+    ax_rate.set_ylabel("requests/s sustained at the p99 target")
+    ax_rate.set_ylim(bottom=0)
+    for ax in (ax_cpu, ax_rate):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [f"{w:,}" for w in workers])
+        ax.set_xlabel("workers")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

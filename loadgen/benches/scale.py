@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fairgate.common.loopback import ray_environment
@@ -298,6 +299,7 @@ class ScaleBench(Bench):
         Param("max_rate", float, 50_000.0, "the ramp stops past this rate"),
         Param("p99_ms", float, 5.0, "the p99 admission latency a step must hold"),
         Param("hosts", int, 2, "processes the fleet's workers are spread over"),
+        Param("plot", str, "", "write a PNG of the figures per fleet size here"),
     )
 
     def check(self, options: Options) -> None:
@@ -313,6 +315,10 @@ class ScaleBench(Bench):
         rows = [scale_row(n, options) for n in numbers(options["workers"], "--workers")]
         smallest = min(rows, key=lambda r: r["workers"])
         largest = max(rows, key=lambda r: r["workers"])
+        if options["plot"]:
+            from fairgate.loadgen.plots import plot_scale
+
+            plot_scale(Path(options["plot"]), sorted(rows, key=lambda r: r["workers"]), options["start_rate"])
         return {
             "rows": rows,
             "cpu_per_request_ratio": largest["dispatcher_cpu_ms_per_request"]

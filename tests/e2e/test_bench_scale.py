@@ -16,10 +16,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_scale_measures_the_dispatcher_against_a_fleet_of_64_workers(tmp_path):
-    out = tmp_path / "scale.json"
+    out, plot = tmp_path / "scale.json", tmp_path / "scale.png"
     proc = fairgate(
         "bench", "scale", "--workers", "64", "--seconds", "2", "--start-rate", "100", "--ramp", "2",
-        "--max-rate", "200", "--json", str(out), timeout=300,
+        "--max-rate", "200", "--json", str(out), "--plot", str(plot), timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -33,5 +33,6 @@ def test_bench_scale_measures_the_dispatcher_against_a_fleet_of_64_workers(tmp_p
     assert row["dispatcher_cpu_ms_per_request"] > 0 and row["report_messages_per_s"] > 0
     assert row["snapshot_bytes"] > 0
     assert "| 64 |" in proc.stdout
+    assert plot.read_bytes().startswith(b"\x89PNG")
     hosts = subprocess.run(["pgrep", "-f", "fairgate.loadgen.fleet_host"], capture_output=True, text=True).stdout
     assert not hosts.split(), "a fleet host outlived the bench"
