@@ -25,6 +25,7 @@ from fairgate.core.costs import CostFunction, LinearCost
 from fairgate.core.reasons import FINISH_REVOKED
 from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from fairgate.loadgen.workload import TraceRequest, Workload
+from fairgate.workers.engines.interface import StepReport
 from fairgate.workers.engines.simulated import AdapterSettings, EngineRequest, SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.tiers import BlockTier, TierSettings
 
@@ -64,6 +65,9 @@ class SimulationConfig:
     revoke: bool = False  # take back unstarted requests of over-served tenants (fairgate.core.revocation)
     adapters: AdapterSettings | None = None  # the engines' LoRA adapter slots and load figures (None: none)
     sees_adapters: bool = True  # the dispatcher knows each engine's adapter slots (False: adapter-blind)
+    # an engine's step reports reach the dispatcher merged, at most this often (a worker's report pace;
+    # 0: each step's at its end), and at once when the engine has nothing left to step
+    report_interval_s: float = 0.0
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -129,6 +133,9 @@ class Simulation:
         self.now = 0.0
         self._next_arrival = 0
         self._step_end: list[float | None] = [None] * config.replicas
+        self._held: list[StepReport | None] = [None] * config.replicas  # steps not reported yet (the pace)
+        self._reported_at = [0.0] * config.replicas
+        self._largest_report = [0.0] * config.replicas  # the most output cost one report of each carried
         self._turn = 0  # the round-robin front's next engine
         self._tenant_of: dict[str, TraceRequest] = {}  # closed-loop requests in flight: what to send next
         self._progress = progress
@@ -174,7 +181,7 @@ class Simulation:
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        bound = self.scheduler.bound_for(*self.workload.longest(), pool, self.config.replicas)
+        bound = self.scheduler.bound_for(*self.workload.longest(), pool, self.config.replicas) + self.report_lag()
         return summarize(
             self.recorder,
             workload=self.workload.name,
@@ -207,32 +214,68 @@ class Simulation:
     # ----------------------------------------------------------------- steps
 
     def _finish_steps(self) -> None:
-        sched, rec = self.scheduler, self.recorder
+        rec = self.recorder
         for i, end in enumerate(self._step_end):
             if end is None or end > self.now:
                 continue
             self._step_end[i] = None
-            report = self.engines[i].end_step()
-            sched.on_report(
-                self.worker_ids[i],
-                report.new_tokens,
-                started=report.started,
-                free_tokens=report.free_tokens,
-                running=report.running,
-                waiting=report.waiting,
-                cached=report.cached if self._prefix_block else None,
-                now=self.now,
-                adapters=report.adapters if self.config.sees_adapters else None,
-                host_adapters=report.host_adapters if self.config.sees_adapters else None,
-                kv_events=report.kv_events,
-            )
+            engine = self.engines[i]
+            report = engine.end_step()
             ended = []
             for done in report.finished:
-                sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
                 if done.reason != FINISH_REVOKED:  # one taken back waits again: it has not ended
-                    self._send_next(done.id)
+                    self._send_next(done.id)  # its client has its answer, whenever the dispatcher hears
                     ended.append(done.id)
             rec.on_step(self.now, report.started, report.new_tokens, ended, report.cached)
+            held = self._held[i]
+            report = report if held is None else held.merged(report)
+            paced = self.now - self._reported_at[i] < self.config.report_interval_s
+            if paced and engine.has_work():  # its next step's report goes with this one
+                self._held[i] = report
+                continue
+            self._held[i] = None
+            self._reported_at[i] = self.now
+            self._report(i, report)
+
+    def _report(self, i: int, report: StepReport) -> None:
+        """What engine ``i`` did since its last report reaches the dispatcher."""
+        sched = self.scheduler
+        if self.config.report_interval_s:
+            self._largest_report[i] = max(self._largest_report[i], self._output_cost(report))
+        sched.on_report(
+            self.worker_ids[i],
+            report.new_tokens,
+            started=report.started,
+            free_tokens=report.free_tokens,
+            running=report.running,
+            waiting=report.waiting,
+            cached=report.cached if self._prefix_block else None,
+            now=self.now,
+            adapters=report.adapters if self.config.sees_adapters else None,
+            host_adapters=report.host_adapters if self.config.sees_adapters else None,
+            kv_events=report.kv_events,
+        )
+        for done in report.finished:
+            sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
+
+    def _output_cost(self, report: StepReport) -> float:
+        """The cost of the output tokens ``report`` carries, as the dispatcher charges them."""
+        cost, in_flight = self.config.cost, self.scheduler.in_flight()
+        total = 0.0
+        for rid, k in report.new_tokens.items():
+            req = in_flight.get(rid)
+            if req is not None:
+                total += cost.total(req.prompt_tokens, req.output_tokens + k) - cost.total(
+                    req.prompt_tokens, req.output_tokens
+                )
+        return total
+
+    def report_lag(self) -> float:
+        """What the fairness bound grows by when reports are merged (``report_interval_s``): the
+        dispatcher's counters lag the service by at most what one report of each engine carries, at
+        each end of an interval; twice the sum over engines of the largest one (0 with a report per
+        step: the dispatcher hears of each step at its end)."""
+        return 2.0 * sum(self._largest_report)
 
     def _admit_arrivals(self) -> None:
         requests, sched, rec = self.workload.requests, self.scheduler, self.recorder

@@ -108,6 +108,31 @@ class StepReport:
     adapter_loads: dict[str, float] = field(default_factory=dict)  # adapter -> seconds its loads took this step
     kv_events: list[KVEvent] = field(default_factory=list)  # what the KV cache stored and evicted this step
 
+    def merged(self, later: StepReport) -> StepReport:
+        """This step's report and ``later``'s as one, as a worker sends the steps within its report pace:
+        what happened in either, the engine's state after the later one."""
+        new_tokens = dict(self.new_tokens)
+        for rid, k in later.new_tokens.items():
+            new_tokens[rid] = new_tokens.get(rid, 0) + k
+        loads = dict(self.adapter_loads)
+        for name, seconds in later.adapter_loads.items():
+            loads[name] = loads.get(name, 0.0) + seconds
+        return StepReport(
+            self.duration_s + later.duration_s,
+            started={**self.started, **later.started},
+            cached={**self.cached, **later.cached},
+            new_tokens=new_tokens,
+            finished=[*self.finished, *later.finished],
+            free_tokens=later.free_tokens,
+            running=later.running,
+            waiting=later.waiting,
+            preempted=self.preempted + later.preempted,
+            adapters=later.adapters,
+            host_adapters=later.host_adapters,
+            adapter_loads=loads,
+            kv_events=[*self.kv_events, *later.kv_events],
+        )
+
 
 StepCallback = Callable[[StepReport], None]
 
