@@ -36,18 +36,10 @@ from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
 from fairgate.core.wait_prediction import ObjectiveMiss
 from fairgate.dispatcher.metrics import Histogram
+from fairgate.dispatcher.report_pace import WAITING_S, ReportPace
 
 log = logging.getLogger(__name__)
 
-# The pace of the workers' step reports (``Pace``): while requests wait, each report may decide the next
-# choice, so they go as fast as a worker sends them; once none has waited for RELAX_AFTER_S, a report
-# only moves counters that decide nothing, so workers merge their steps for up to REPORT_PACE_IDLE_S
-# (far fewer reports, and less CPU at both ends). A queue that forms asks for the fast pace at once,
-# and the workers send what they hold. Closed-loop clients come in waves (a batch started together
-# ends together), so the idle pace comes back soon after each wave: two idle intervals, not seconds.
-REPORT_PACE_WAITING_S = 0.0  # as fast as a worker goes (its own floor merges sub-millisecond steps)
-REPORT_PACE_IDLE_S = 0.05
-RELAX_AFTER_S = 0.1
 WORKER_HELLO_S = 10.0  # a worker stream must say hello within this, or it is closed
 MAX_WORKER_STREAMS = 1024  # streams the workers' endpoint serves at once (replicas of one pool, and slack)
 
@@ -136,8 +128,7 @@ class DispatcherService:
         self.latency = Histogram()  # submit -> finish
         self.dispatched = 0
         self.worker_messages = 0  # hellos, step reports and goodbyes received (load tests read it)
-        self._pace = REPORT_PACE_WAITING_S  # what the workers were last told (they start at this)
-        self._last_waiting = clock()  # when a request last waited
+        self._pace = ReportPace(clock())  # what the workers were last told
         self._pass_due = False  # an assignment pass is scheduled for the end of this turn of the loop
 
     # ------------------------------------------------------------------ lifecycle
@@ -437,19 +428,15 @@ class DispatcherService:
             self._pending[request_id] = future
 
     def _set_pace(self) -> None:
-        """Tell the workers a new report pace when waiting requests appear or have been gone a while."""
-        now = self._clock()
-        if self.scheduler.queue_depth():
-            self._last_waiting = now
-        idle = now - self._last_waiting >= RELAX_AFTER_S
-        pace = REPORT_PACE_IDLE_S if idle else REPORT_PACE_WAITING_S
-        if pace != self._pace:
-            self._pace = pace
+        """Tell the workers a new report pace when waiting requests appear or have been gone a while,
+        or the dispatcher's load changed (``ReportPace``)."""
+        if self._pace.update(self._clock(), self.scheduler.queue_depth() > 0):
             for link in self._links.values():
                 link.outbox.put_nowait(self._pace_message())
 
     def _pace_message(self) -> pb.DispatcherMessage:
-        return pb.DispatcherMessage(pace=pb.Pace(report_interval_s=self._pace))
+        pace = self._pace
+        return pb.DispatcherMessage(pace=pb.Pace(report_interval_s=pace.report_s, event_interval_s=pace.event_s))
 
     def _release_drained(self) -> None:
         """Tell each draining worker once nothing assigned to it is still on its way."""
@@ -560,7 +547,7 @@ class DispatcherService:
                         worker.append(wid)
                         self._links[wid] = _WorkerLink(msg.hello.address, outbox)
                         outbox.put_nowait(pb.DispatcherMessage(welcome=pb.Welcome(dispatcher_id=self.id)))
-                        if self._pace != REPORT_PACE_WAITING_S:  # a worker starts at the waiting pace
+                        if (self._pace.report_s, self._pace.event_s) != (WAITING_S, 0.0):  # a worker starts so
                             outbox.put_nowait(self._pace_message())
                     else:
                         self._apply(worker[0], msg)

@@ -16,7 +16,8 @@ from fairgate.common.frames import ConnectionLost, FrameConnection, connect
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tickets import TicketFields, sign, ticket_message
 from fairgate.core import LinearCost, SchedulerConfig
-from fairgate.dispatcher.service import REPORT_PACE_IDLE_S, DispatcherService, Placement, Rejected
+from fairgate.dispatcher.report_pace import IDLE_S as REPORT_PACE_IDLE_S
+from fairgate.dispatcher.service import DispatcherService, Placement, Rejected
 from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.runner import SimulatedRunner
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
