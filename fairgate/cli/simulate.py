@@ -50,6 +50,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sim.add_argument("--block-size", type=int, default=1, help="KV block size in tokens (vLLM: 16, 32 on CPU)")
     sim.add_argument("--max-running", type=int, help="the engine's batch limit (vLLM's max_num_seqs)")
     sim.add_argument("--drain", action="store_true", help="run past the duration until every request ends")
+    sim.add_argument("--revoke", action="store_true", help="revocation by over-service (the gateway's default)")
+    sim.add_argument(
+        "--report-interval",
+        type=float,
+        default=0.0,
+        help="SECONDS an engine's step reports are merged for, as a worker's pace (the bound grows with it)",
+    )
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--no-progress", action="store_true")
     return sim
@@ -74,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--watermark must be in [0, 1)")
     if args.block_size < 1 or (args.max_running is not None and args.max_running < 1):
         raise UsageError("--block-size and --max-running must be positive")
+    if not args.report_interval >= 0:
+        raise UsageError("--report-interval must be at least 0")
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
     except WorkloadError as exc:
@@ -107,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
                 max_running=args.max_running,
                 seed=args.seed,
                 drain=args.drain,
+                revoke=args.revoke,
+                report_interval_s=args.report_interval,
             )
             if step_model is not None:
                 config.step_model = step_model

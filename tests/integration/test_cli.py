@@ -60,6 +60,22 @@ def test_simulate_writes_report_and_plots(tmp_path):
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_simulate_states_the_bound_for_merged_reports_with_revocation_on(tmp_path):
+    """Reports merged for half a second: the bound the report states grows by what they carried."""
+    bounds = []
+    for interval in ("0", "0.5"):
+        out = tmp_path / interval
+        proc = fairgate(
+            "simulate", "--workload", str(small_spec(tmp_path)), "--policy", "vtc", "--revoke",
+            "--report-interval", interval, "--out", str(out), "--seed", "3", "--no-plots",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (run,) = json.loads((out / "report.json").read_text())["runs"]
+        bounds.append(run["bound_2u"])
+        assert run["bound_held"]
+    assert bounds[1] > bounds[0]
+
+
 def test_simulate_is_deterministic_for_a_seed(tmp_path):
     spec = small_spec(tmp_path)
     reports = []
@@ -76,6 +92,7 @@ def test_simulate_is_deterministic_for_a_seed(tmp_path):
         (["simulate", "--workload", "overload", "--policy", "round-robin"], "unknown policy 'round-robin'"),
         (["simulate", "--workload", "no_such_workload"], "unknown workload 'no_such_workload'"),
         (["simulate", "--workload", "overload", "--replicas", "0"], "--replicas"),
+        (["simulate", "--workload", "overload", "--report-interval", "-1"], "--report-interval"),
         (["simulate", "--workload", "overload", "--policy", "rpm:zero"], "rpm"),
         (["simulate"], "--workload"),
         (["bench", "core", "--tenants", "ten"], "--tenants"),
