@@ -159,12 +159,16 @@ def fleet(d: Dispatcher, workers: int, hosts: int) -> Iterator[None]:
                 proc.wait()
 
 
-async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[list[float], int, int]:
+async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[list[float], int, int, int]:
     """Requests arriving at ``rate`` per second for ``seconds``, each submitted as the ingress does and
-    run on its worker; (admission seconds of those placed in time, requests offered, errors)."""
+    run on its worker; (admission seconds of each placement in time, requests placed in time, requests
+    offered, errors). A request
+    taken back unstarted for a less served tenant (revocation) is asked again, as the ingress does."""
     from fairgate.common.rpc import fairgate_pb2 as pb
+    from fairgate.core.reasons import FINISH_REVOKED
     from fairgate.ingress.admission_client import AdmissionClient
-    from fairgate.ingress.generation import Outcome, WorkerConnections, stream_bytes
+    from fairgate.ingress.deployment import MAX_REVOCATIONS
+    from fairgate.ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
 
     async def where() -> str:
         return d.admission
@@ -177,11 +181,11 @@ async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[
     rng = random.Random(seed)
     tenants = list(d.keys)
     waits: list[float] = []
-    errors = 0
+    errors = placed_in_time = 0
     end = time.monotonic() + seconds
 
     async def one(i: int) -> None:
-        nonlocal errors
+        nonlocal errors, placed_in_time
         tenant = rng.choice(tenants)
         request = pb.SubmitRequest(
             request_id=f"s{seed}-{i}",
@@ -191,24 +195,33 @@ async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[
             key_hash=d.keys[tenant],
             model=MODEL,
         )
-        t0 = time.monotonic()
         try:
-            reply = await admission.submit(request)
-            if reply.rejected:
-                raise RuntimeError(reply.rejected)
-            placed = time.monotonic()
-            if placed <= end:
-                waits.append(placed - t0)
-            generate = pb.GenerateRequest(
-                ticket=reply.ticket,
-                endpoint="completions",
-                body=body,
-                prompt_tokens=PROMPT_TOKENS,
-                max_tokens=MAX_TOKENS,
-                choices=1,
-            )
-            async for _ in stream_bytes(connections, reply.address, generate, Outcome()):
-                pass
+            for attempt in range(MAX_REVOCATIONS + 1):
+                t0 = time.monotonic()
+                reply = await admission.submit(request)
+                if reply.rejected:
+                    raise RuntimeError(reply.rejected)
+                placed = time.monotonic()
+                if placed <= end:  # each placement, a request taken back and asked again included
+                    waits.append(placed - t0)
+                    placed_in_time += attempt == 0
+                generate = pb.GenerateRequest(
+                    ticket=reply.ticket,
+                    endpoint="completions",
+                    body=body,
+                    prompt_tokens=PROMPT_TOKENS,
+                    max_tokens=MAX_TOKENS,
+                    choices=1,
+                )
+                outcome = Outcome()
+                try:
+                    async for _ in stream_bytes(connections, reply.address, generate, outcome):
+                        pass
+                    break
+                except WorkerLost as exc:  # taken back unstarted (revocation): asked again, as the ingress does
+                    if exc.code != FINISH_REVOKED or outcome.received or attempt == MAX_REVOCATIONS:
+                        raise
+                    request.retry = True
         except Exception:
             errors += 1
 
@@ -224,7 +237,7 @@ async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[
     await asyncio.gather(*tasks)
     await admission.close()
     await connections.close()
-    return waits, offered, errors
+    return waits, placed_in_time, offered, errors
 
 
 def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
@@ -233,12 +246,12 @@ def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
 
     proc = psutil.Process(d.pid)
     before, cpu0, t0 = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic()
-    waits, offered, errors = asyncio.run(offer(d, rate, seconds, seed))
+    waits, placed, offered, errors = asyncio.run(offer(d, rate, seconds, seed))
     after, cpu1, elapsed = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic() - t0
     ms = sorted(1000 * w for w in waits) or [math.inf]
     return StepResult(
         offered_per_s=rate,
-        placed=len(waits),
+        placed=placed,
         offered=offered,
         errors=errors,
         p99_admission_ms=ms[min(len(ms) - 1, int(0.99 * len(ms)))],
