@@ -32,6 +32,7 @@ from fairgate.core.quotas import QuotaBook
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
 from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
+from fairgate.dispatcher.heap_freeze import HeapFreeze
 from fairgate.dispatcher.metrics import ServiceHistory
 from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
 from fairgate.dispatcher.service import DispatcherService, Rejected
@@ -78,6 +79,7 @@ class DispatcherActor(AdapterCalls):
         self._sweeper: asyncio.Task[None] | None = None  # forgets settled requests, every so often
         self._changing = asyncio.Lock()  # tenant and node changes, one at a time
         self._latest: dict[str, Any] | None = None  # the last sampled telemetry (OTLP metrics read it)
+        self._heap = HeapFreeze()
         self._admission = AdmissionServer(  # the ingress's per-request call
             self.admit, secret.encode(), frame_limit(config.ingress.max_body_bytes)
         )
@@ -148,12 +150,16 @@ class DispatcherActor(AdapterCalls):
         return service
 
     async def _sample_every(self, interval_s: float) -> None:
-        """The live page's and the OTLP exporter's figures; a failure skips one sample, never the rest."""
+        """The live page's and the OTLP exporter's figures; a failure skips one sample, never the rest.
+        Also where the heap is refrozen once the fleet has settled after a change (``HeapFreeze``)."""
         while True:
             try:
                 self._latest = self._history.record(time.time(), self._service.sample())
             except Exception:
                 log.exception("dispatcher: taking a telemetry sample failed")
+            now = time.monotonic()
+            if self._heap.due(now, sum(len(s.scheduler.workers.slots) for s in self._pools.values())):
+                self._heap.refreeze(now)
             await asyncio.sleep(interval_s)
 
     async def _forget_settled_every(self, interval_s: float) -> None:

@@ -38,6 +38,7 @@ from fairgate.loadgen.benches.base import Bench, Figures, Options, numbers, regi
 from fairgate.loadgen.fleet_host import FleetSpec
 
 MODEL = "fairgate-sim"
+WARM_UP_S = 5.0
 TENANTS = 100
 PROMPT_TOKENS = 64
 MAX_TOKENS = 8
@@ -270,7 +271,8 @@ def scale_row(workers: int, options: Options) -> dict[str, Any]:
     d = start_dispatcher(f"scale-{workers}")
     try:
         with fleet(d, workers, options["hosts"]):
-            step(d, options["start_rate"], 2.0, seed=0)  # warm-up: connections, caches, the JIT of nothing
+            # warm-up: connections, caches, and the heap refrozen once the fleet has settled (HeapFreeze)
+            step(d, options["start_rate"], WARM_UP_S, seed=0)
             steps: list[StepResult] = []
             rate = options["start_rate"]
             while rate <= options["max_rate"]:
