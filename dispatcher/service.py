@@ -36,7 +36,7 @@ from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
 from fairgate.core.wait_prediction import ObjectiveMiss
 from fairgate.dispatcher.metrics import Histogram
-from fairgate.dispatcher.report_pace import WAITING_S, ReportPace
+from fairgate.dispatcher.report_pace import ReportPace
 
 log = logging.getLogger(__name__)
 
@@ -547,8 +547,7 @@ class DispatcherService:
                         worker.append(wid)
                         self._links[wid] = _WorkerLink(msg.hello.address, outbox)
                         outbox.put_nowait(pb.DispatcherMessage(welcome=pb.Welcome(dispatcher_id=self.id)))
-                        if (self._pace.report_s, self._pace.event_s) != (WAITING_S, 0.0):  # a worker starts so
-                            outbox.put_nowait(self._pace_message())
+                        outbox.put_nowait(self._pace_message())
                     else:
                         self._apply(worker[0], msg)
                     self._assign_soon()

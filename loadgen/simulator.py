@@ -135,7 +135,7 @@ class Simulation:
         self._step_end: list[float | None] = [None] * config.replicas
         self._held: list[StepReport | None] = [None] * config.replicas  # steps not reported yet (the pace)
         self._reported_at = [0.0] * config.replicas
-        self._largest_report = [0.0] * config.replicas  # the most output cost one report of each carried
+        self._largest_report = [0.0] * config.replicas  # the most service one report of each carried
         self._turn = 0  # the round-robin front's next engine
         self._tenant_of: dict[str, TraceRequest] = {}  # closed-loop requests in flight: what to send next
         self._progress = progress
@@ -240,8 +240,7 @@ class Simulation:
     def _report(self, i: int, report: StepReport) -> None:
         """What engine ``i`` did since its last report reaches the dispatcher."""
         sched = self.scheduler
-        if self.config.report_interval_s:
-            self._largest_report[i] = max(self._largest_report[i], self._output_cost(report))
+        served = sched.ledger.total
         sched.on_report(
             self.worker_ids[i],
             report.new_tokens,
@@ -257,22 +256,13 @@ class Simulation:
         )
         for done in report.finished:
             sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
-
-    def _output_cost(self, report: StepReport) -> float:
-        """The cost of the output tokens ``report`` carries, as the dispatcher charges them."""
-        cost, in_flight = self.config.cost, self.scheduler.in_flight()
-        total = 0.0
-        for rid, k in report.new_tokens.items():
-            req = in_flight.get(rid)
-            if req is not None:
-                total += cost.total(req.prompt_tokens, req.output_tokens + k) - cost.total(
-                    req.prompt_tokens, req.output_tokens
-                )
-        return total
+        if self.config.report_interval_s:  # what the dispatcher heard of late: the service it accounted
+            self._largest_report[i] = max(self._largest_report[i], sched.ledger.total - served)
 
     def report_lag(self) -> float:
         """What the fairness bound grows by when reports are merged (``report_interval_s``): the
-        dispatcher's counters lag the service by at most what one report of each engine carries, at
+        dispatcher's counters lag the service by at most what one report of each engine carries (the
+        prompts it started and the tokens it generated, at their cost), at
         each end of an interval; twice the sum over engines of the largest one (0 with a report per
         step: the dispatcher hears of each step at its end)."""
         return 2.0 * sum(self._largest_report)

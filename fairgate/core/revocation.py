@@ -38,8 +38,8 @@ BAND_ORDER = {STRICT: 0, SPARE: 2}  # served in this order; every other top-leve
 
 class Revocation:
     """Choosing what to take back, the requests asked for and not answered yet, and the dispatch
-    charges held apart until their requests start (``enabled``: the ``revoke`` setting; without it
-    nothing is held and nothing taken back)."""
+    charges held apart until their requests start (``enabled``: the ``revoke`` setting, under a policy
+    that orders by counters; without it nothing is held and nothing taken back)."""
 
     __slots__ = ("_book", "_budget", "_in_flight", "_slack", "_workers", "enabled", "revoking")
 

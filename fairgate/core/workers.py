@@ -64,7 +64,7 @@ class WorkerSlot:
     room_for: str = ""  # the adapter that room is for
     opened: int = -1  # when it last became able to take work, in its table's count (-1: it cannot now)
     # its table, told whenever something that decides whether it may take work changes (not part of a
-    # snapshot): the table keeps the workers that may current, instead of scanning them all per decision
+    # snapshot): the table keeps the workers that may take work now, instead of scanning them all per decision
     watcher: Callable[[WorkerSlot], None] | None = field(default=None, repr=False, compare=False)
 
     def touch(self) -> None:
@@ -127,7 +127,6 @@ class WorkerSlot:
 
     def observe_starts(self, started: int) -> None:
         self.turnover += TURNOVER_SMOOTHING * (started - self.turnover)
-        self.touch()
 
     def reported(
         self,
@@ -155,9 +154,7 @@ class WorkerSlot:
     def took_back(self, req: Request) -> None:
         """``req``, not reported started, turned out to have begun in this engine's batch (it refused to
         give it back): it is queued here no more."""
-        if req.beyond_room:
-            self.beyond -= 1
-            req.beyond_room = False
+        self.beyond -= req.beyond_room
         self.touch()
 
     def assigned(self, req: Request) -> None:

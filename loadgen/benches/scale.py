@@ -23,7 +23,6 @@ import json
 import math
 import random
 import secrets
-import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from fairgate.common.loopback import ray_environment
 from fairgate.core.registry import Param
 from fairgate.loadgen.benches.base import Bench, Figures, Options, numbers, register
 from fairgate.loadgen.fleet_host import FleetSpec
+from fairgate.loadgen.metrics import quantile
 
 MODEL = "fairgate-sim"
 WARM_UP_S = 5.0
@@ -255,8 +255,8 @@ def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
         placed=placed,
         offered=offered,
         errors=errors,
-        p99_admission_ms=ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-        p50_admission_ms=statistics.median(ms),
+        p99_admission_ms=quantile(ms, 0.99),
+        p50_admission_ms=quantile(ms, 0.5),
         cpu_s=(cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
         dispatched=after["dispatched"] - before["dispatched"],
         worker_messages=after["worker_messages"] - before["worker_messages"],
