@@ -9,8 +9,10 @@ wave: two idle intervals, not seconds.
 
 A large fleet's reports are most of a busy dispatcher's work (each carries every running request's
 new tokens), so when the dispatcher's process uses more than ``BUSY_SHARE`` of a core over a window of
-``WINDOW_S``, every report, those that say a request started or ended included, is held for longer
-(doubling up to ``LOADED_MAX_S``), and the pace comes back down once it uses less than ``EASY_SHARE``.
+``WINDOW_S``, reports of tokens are held for longer (doubling up to ``LOADED_MAX_S``), and the pace
+comes back down once it uses less than ``EASY_SHARE``. A report that says a request started or ended
+still goes at once (the worker's floor): a client reading its usage right after its answer finds it
+charged.
 The fairness bound grows with the pace by what one report of each engine carries
 (docs/architecture.md, "Additions to the bound").
 """
@@ -31,8 +33,7 @@ LOADED_MAX_S = 0.05
 
 
 class ReportPace:
-    """The intervals the workers are told: for reports of tokens (``report_s``) and for reports that
-    say a request started or ended (``event_s``: 0 unless the dispatcher is loaded)."""
+    """The interval the workers are told for reports of tokens (``report_s``)."""
 
     def __init__(self, now: float, cpu: Callable[[], float] = time.process_time) -> None:
         self._cpu = cpu
@@ -40,7 +41,6 @@ class ReportPace:
         self._window = (now, cpu())
         self.loaded_s = 0.0  # how long every report is held for the dispatcher's load (0: not loaded)
         self.report_s = WAITING_S
-        self.event_s = 0.0
 
     def update(self, now: float, waiting: bool) -> bool:
         """The pace after an assignment pass at ``now`` (``waiting``: requests wait); True when it changed."""
@@ -57,7 +57,7 @@ class ReportPace:
                 self.loaded_s = self.loaded_s / 2 if self.loaded_s / 2 >= LOADED_MIN_S else 0.0
         idle = now - self._last_waiting >= RELAX_AFTER_S
         report_s = max(IDLE_S if idle else WAITING_S, self.loaded_s)
-        if (report_s, self.loaded_s) == (self.report_s, self.event_s):
+        if report_s == self.report_s:
             return False
-        self.report_s, self.event_s = report_s, self.loaded_s
+        self.report_s = report_s
         return True

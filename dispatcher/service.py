@@ -435,8 +435,7 @@ class DispatcherService:
                 link.outbox.put_nowait(self._pace_message())
 
     def _pace_message(self) -> pb.DispatcherMessage:
-        pace = self._pace
-        return pb.DispatcherMessage(pace=pb.Pace(report_interval_s=pace.report_s, event_interval_s=pace.event_s))
+        return pb.DispatcherMessage(pace=pb.Pace(report_interval_s=self._pace.report_s))
 
     def _release_drained(self) -> None:
         """Tell each draining worker once nothing assigned to it is still on its way."""

@@ -110,7 +110,6 @@ class Worker:
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
         self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
-        self._event_linger = REPORT_LINGER_S  # and for those saying a request started or ended
         self._hurry = asyncio.Event()  # the pace changed, or a request started or ended: a held report goes
         self._urgent = False  # a request started or finished since the last report went
         self._draining = False
@@ -278,7 +277,7 @@ class Worker:
             return
         stale, outbox = self._outbox, asyncio.Queue()
         self._outbox = outbox
-        self._report_linger = self._event_linger = REPORT_LINGER_S  # a dispatcher (maybe a new one) sets its pace anew
+        self._report_linger = REPORT_LINGER_S  # a dispatcher (maybe a new one) sets its pace anew
         stale.put_nowait(None)
         yield pb.WorkerMessage(hello=self._hello())
         if self._draining:
@@ -303,16 +302,15 @@ class Worker:
                 return
 
     async def _report_pace(self, reported: float) -> None:
-        """Until the next report may go: the dispatcher's pace after the last one (``reported``), or its
-        pace for starts and ends (the fast one unless the dispatcher is loaded) once a request has
-        started or finished since, or the dispatcher asks for it. Starts:
+        """Until the next report may go: the dispatcher's pace after the last one (``reported``), or the
+        fast pace once a request has started or finished since, or the dispatcher asks for it. Starts:
         admission counts the requests on their way to an engine until it hears they started. Finishes:
         a client reading its usage right after its answer finds it charged. A request's first tokens come
         in its start's step, so the dispatcher's first-token latency never waits on the pace."""
         loop = asyncio.get_running_loop()
         while True:
             fast = self._urgent or self._report_linger <= REPORT_LINGER_S
-            wait = reported + (self._event_linger if fast else self._report_linger) - loop.time()
+            wait = reported + (REPORT_LINGER_S if fast else self._report_linger) - loop.time()
             if wait <= 0:
                 return
             if fast:
@@ -348,14 +346,9 @@ class Worker:
         elif kind == "revoke":
             self.revoke(msg.revoke.request_id)
         elif kind == "pace":
-            self._report_linger = _linger(msg.pace.report_interval_s)
-            self._event_linger = _linger(min(msg.pace.event_interval_s, msg.pace.report_interval_s))
+            linger = min(REPORT_LINGER_MAX_S, max(REPORT_LINGER_S, msg.pace.report_interval_s))
+            self._report_linger = linger
             self._hurry.set()  # a held report goes at the new pace
-
-
-def _linger(interval_s: float) -> float:
-    """A pace the dispatcher sent, within the worker's floor and ceiling."""
-    return min(REPORT_LINGER_MAX_S, max(REPORT_LINGER_S, interval_s))
 
 
 class _Refused(Exception):

@@ -221,12 +221,10 @@ class DispatcherMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ...) -> None: ...
 
 class Pace(_message.Message):
-    __slots__ = ("report_interval_s", "event_interval_s")
+    __slots__ = ("report_interval_s",)
     REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
-    EVENT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     report_interval_s: float
-    event_interval_s: float
-    def __init__(self, report_interval_s: _Optional[float] = ..., event_interval_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, report_interval_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("dispatcher_id",)

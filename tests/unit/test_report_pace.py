@@ -1,5 +1,5 @@
 """The workers' report pace as the dispatcher sets it: fast while requests wait, merged while none has
-waited a while, and every report held longer while the dispatcher's own process is busy."""
+waited a while, and reports of tokens held longer while the dispatcher's own process is busy."""
 
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ class Process:
 def test_waiting_is_fast_and_idle_merges_after_a_while():
     cpu = Process()
     pace = ReportPace(0.0, lambda: cpu.used)
-    assert not pace.update(0.01, waiting=True) and (pace.report_s, pace.event_s) == (WAITING_S, 0.0)
+    assert not pace.update(0.01, waiting=True) and pace.report_s == WAITING_S
     assert not pace.update(0.01 + RELAX_AFTER_S / 2, waiting=False)  # not idle long enough
     assert pace.update(0.02 + RELAX_AFTER_S, waiting=False) and pace.report_s == IDLE_S
-    assert pace.event_s == 0.0  # starts and ends still go at once
     assert pace.update(0.2, waiting=True) and pace.report_s == WAITING_S
 
 
-def test_a_busy_dispatcher_holds_every_report_longer_and_lets_go_once_easy():
+def test_a_busy_dispatcher_holds_token_reports_longer_and_lets_go_once_easy():
     cpu = Process()
     pace = ReportPace(0.0, lambda: cpu.used)
     now, seen = 0.0, []
@@ -34,7 +33,7 @@ def test_a_busy_dispatcher_holds_every_report_longer_and_lets_go_once_easy():
         now += 1.0
         cpu.run(1.0, 0.9)
         pace.update(now, waiting=True)
-        seen.append(pace.event_s)
+        seen.append(pace.loaded_s)
     assert seen[0] == LOADED_MIN_S and seen == sorted(seen) and seen[-1] == LOADED_MAX_S
     assert pace.report_s == LOADED_MAX_S  # tokens too, though requests wait
     cpu.run(1.0, 0.5)  # between the thresholds: it stays
@@ -44,13 +43,13 @@ def test_a_busy_dispatcher_holds_every_report_longer_and_lets_go_once_easy():
         now += 1.0
         cpu.run(1.0, 0.1)
         pace.update(now, waiting=True)
-    assert (pace.report_s, pace.event_s) == (WAITING_S, 0.0)
+    assert pace.report_s == WAITING_S and pace.loaded_s == 0.0
 
 
 def test_the_load_is_read_once_a_window():
     cpu = Process()
     pace = ReportPace(0.0, lambda: cpu.used)
     cpu.run(0.5, 1.0)  # a busy half second, read before the window ends: nothing yet
-    assert not pace.update(0.5, waiting=True) and pace.event_s == 0.0
+    assert not pace.update(0.5, waiting=True) and pace.loaded_s == 0.0
     cpu.run(0.5, 1.0)
-    assert pace.update(1.0, waiting=True) and pace.event_s == LOADED_MIN_S
+    assert pace.update(1.0, waiting=True) and pace.report_s == LOADED_MIN_S
