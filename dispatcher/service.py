@@ -115,6 +115,7 @@ class DispatcherService:
         self._pending: dict[str, asyncio.Future[Placement]] = {}
         # requests put back in their queues when their worker died, waiting for their caller to ask again
         self._orphans: dict[str, asyncio.Future[Placement]] = {}
+        self._arrived: set[str] = set()  # assigned, unstarted, and reached their workers (until their tickets expire)
         self.cache_groups: dict[str, str] = {}  # tenant -> its cache sharing group, for the tickets
         self.adapter_paths: dict[str, str] = {}  # adapter -> where its weights are, for the tickets
         self.adapter_loads: dict[str, list[float]] = {}  # adapter -> [loads, seconds], reported by workers
@@ -455,7 +456,12 @@ class DispatcherService:
             future.cancel()
 
     def _expire_unstarted(self, request_id: str) -> None:
-        """An assignment whose ticket expired before its worker started it frees its reservation."""
+        """An assignment whose ticket expired before it reached its worker frees its reservation. One
+        that reached it waits in its engine's queue: it keeps its reservation and runs when the engine
+        takes it (aborting it would answer its client with nothing)."""
+        if request_id in self._arrived:
+            self._arrived.discard(request_id)
+            return
         req = self.scheduler.in_flight().get(request_id)
         if req is None or not req.started:
             self.release(request_id)
@@ -483,6 +489,10 @@ class DispatcherService:
         if kind == "report":
             r = msg.report
             in_flight = s.in_flight()
+            for rid in r.arrived:  # held by its engine: its ticket's expiry no longer frees it
+                req = in_flight.get(rid)
+                if req is not None and not req.started:
+                    self._arrived.add(rid)
             for st in r.started:  # assigned before a restart or a broken stream: adopt it
                 adopted = st.request_id not in in_flight and st.tenant
                 if adopted and s.adopt(

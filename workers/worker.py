@@ -56,6 +56,8 @@ RELAY_LINGER_S = 0.025
 # while nothing waits, at most REPORT_LINGER_MAX_S).
 REPORT_LINGER_S = 0.005
 REPORT_LINGER_MAX_S = 0.5
+# arrivals ride the next step report; in a step longer than this they go on their own
+ARRIVAL_REPORT_S = 1.0
 
 
 @dataclass
@@ -109,6 +111,8 @@ class Worker:
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
         self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self._arrived: list[str] = []  # requests arrived since the last report
+        self._figures: tuple[int, int, int] | None = None  # the last step report's free KV, running, waiting
         self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
         self._hurry = asyncio.Event()  # the pace changed, or a request started or ended: a held report goes
         self._urgent = False  # a request started or finished since the last report went
@@ -188,7 +192,26 @@ class Worker:
             gone = leaving.pop(f.id, None)
             if gone is not None:
                 self._remember_ended(f.id, gone, f.output_tokens)
+        if self._arrived:
+            message.arrived.extend(self._arrived)
+            self._arrived.clear()
+        self._figures = (message.free_tokens, message.running, message.waiting)
         self._outbox.put_nowait(pb.WorkerMessage(report=message))
+
+    def arrived(self, request_id: str) -> None:
+        """A request reached this worker with a valid ticket: the next report says so, within
+        ``ARRIVAL_REPORT_S`` even when the engine is in the middle of a long step."""
+        self._arrived.append(request_id)
+        if len(self._arrived) == 1:
+            asyncio.get_running_loop().call_later(ARRIVAL_REPORT_S, self._report_arrivals)
+
+    def _report_arrivals(self) -> None:
+        """Arrivals no step report has carried yet, on their own, with the last step's figures."""
+        if self._arrived:
+            free, running, waiting = self._figures or (self.runner.free_tokens(), 0, 0)
+            report = pb.StepReport(arrived=self._arrived, free_tokens=free, running=running, waiting=waiting)
+            self._arrived.clear()
+            self._outbox.put_nowait(pb.WorkerMessage(report=report))
 
     def _left(self, request_id: str, r: _Running) -> None:
         """Its caller left while the engine still had it: kept until the engine says it ended."""
@@ -401,6 +424,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
     running = w._running[t.request_id] = _Running(
         t.tenant, request.prompt_tokens, request.max_tokens, ticket_expires_at=t.expires_at
     )
+    w.arrived(t.request_id)
     scope = contextvars.copy_context()
     grant = TicketGrant(
         t.request_id, t.tenant, body["cache_salt"], t.priority, t.adapter, t.adapter_path, t.cache_group or t.tenant
@@ -536,6 +560,7 @@ def _merge_queued(
         merged.started.extend(r.started)
         merged.finished.extend(r.finished)
         merged.kv_events.extend(r.kv_events)
+        merged.arrived.extend(r.arrived)
         for t in r.new_tokens:
             tokens[t.request_id] = tokens.get(t.request_id, 0) + t.tokens
         merged.free_tokens, merged.running, merged.waiting = r.free_tokens, r.running, r.waiting

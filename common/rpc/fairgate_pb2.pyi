@@ -115,7 +115,7 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads", "kv_events")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads", "kv_events", "arrived")
     class AdapterLoadSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class StepReport(_message.Message):
     ADAPTER_LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LOADS_FIELD_NUMBER: _ClassVar[int]
     KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -154,7 +155,8 @@ class StepReport(_message.Message):
     adapter_load_seconds: _containers.ScalarMap[str, float]
     adapter_loads: _containers.ScalarMap[str, int]
     kv_events: _containers.RepeatedCompositeFieldContainer[KvEvent]
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ..., kv_events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+    arrived: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ..., kv_events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., arrived: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KvEvent(_message.Message):
     __slots__ = ("kind", "medium", "hashes")

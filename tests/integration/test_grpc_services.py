@@ -18,6 +18,7 @@ from fairgate.common.tickets import TicketFields, sign, ticket_message
 from fairgate.core import LinearCost, SchedulerConfig
 from fairgate.dispatcher.report_pace import IDLE_S as REPORT_PACE_IDLE_S
 from fairgate.dispatcher.service import DispatcherService, Placement, Rejected
+from fairgate.workers import worker as worker_module
 from fairgate.workers.engines.simulated import SimulatedEngine, StepTimeModel
 from fairgate.workers.engines.simulated.runner import SimulatedRunner
 from fairgate.workers.engines.simulated.tokenizer import count_tokens
@@ -297,6 +298,35 @@ def test_an_assignment_never_used_is_freed_when_its_ticket_expires():
         assert time.monotonic() - start >= ttl - 0.05  # placed only once the ghost's ticket expired
         assert "ghost" not in service.scheduler.in_flight()
         assert service.scheduler.tenants["A"].service == 0  # refunded: it was never served
+        await worker.stop()
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_reached_its_engine_runs_though_its_ticket_expires_before_it_starts(monkeypatch):
+    """Its worker said it arrived: the ticket's expiry leaves it to its engine (found in a suite run: a
+    request held in vLLM's queue for 30 s was aborted by the expiry and answered with nothing). Here the
+    engine is in the middle of a long step when it arrives, and starts it only at the next one."""
+
+    monkeypatch.setattr(worker_module, "ARRIVAL_REPORT_S", 0.05)
+
+    async def scenario():
+        ttl = 0.15
+        service = DispatcherService(SchedulerConfig(), SECRET, ticket_ttl_s=ttl)
+        address = await service.start()
+        slow = StepTimeModel(0.4, 0.0, 0.0, 0.0)  # every step 0.4 s: longer than a ticket
+        worker = Worker("w0", address, SECRET, SimulatedRunner(SimulatedEngine(1000, slow)))
+        await worker.start()
+        await eventually(lambda: len(service.scheduler.workers) == 1)
+        first = await service.submit("first", "A", 50, 3)
+        running = asyncio.create_task(generate(first, "hi " * 50, 3))
+        await asyncio.sleep(0.2)  # the ticket expired before the engine's first step ended
+        placed = await asyncio.wait_for(service.submit("later", "B", 50, 3), 2.0)
+        chunks = await asyncio.wait_for(generate(placed, "hi " * 50, 3), 5.0)
+        for done in (await running, chunks):
+            assert done[-1].completion_tokens == 3 and done[-1].finish_reason == "length"
+        assert service.scheduler.tenants["A"].service > 0 and service.scheduler.tenants["B"].service > 0
         await worker.stop()
         await service.stop()
 
