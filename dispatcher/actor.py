@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -28,6 +27,7 @@ from fairgate.common.loopback import bind_host, pool_port
 from fairgate.common.prefix_hashes import for_adapter, salted
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.core import REJECT_UNKNOWN_KEY
+from fairgate.core.journal import JournalWriter
 from fairgate.core.quotas import QuotaBook
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
@@ -294,13 +294,26 @@ class DispatcherActor(AdapterCalls):
         often (nothing here grows with the pool)."""
         return {m: {"dispatched": s.dispatched, "worker_messages": s.worker_messages} for m, s in self._pools.items()}
 
-    async def snapshot_cost(self) -> dict[str, float]:
-        """What one write of the durable state costs now, as the Redis store writes it: building every
-        pool's state and encoding it as JSON (seconds of this process, bytes)."""
+    async def snapshot_cost(self, interval_s: float = 1.0) -> dict[str, float]:
+        """What writing the durable state costs now, as the Redis store writes it (seconds of this
+        process, bytes): a base (every pool's state built and encoded whole) and, ``interval_s`` later,
+        the journal's change against it (built, compared, encoded)."""
         await self._ready()
-        started = time.process_time()
-        encoded = [json.dumps(service.durable_state()) for service in self._pools.values()]
-        return {"seconds": time.process_time() - started, "bytes": float(sum(len(e) for e in encoded))}
+        writers = {model: JournalWriter() for model in self._pools}
+
+        def write_all() -> tuple[float, float]:
+            started, written = time.process_time(), 0
+            for model, service in self._pools.items():
+                write = writers[model].next(service.durable_state())
+                if write is not None:
+                    writers[model].wrote()
+                    written += len(write[1])
+            return time.process_time() - started, float(written)
+
+        base_seconds, base_bytes = write_all()
+        await asyncio.sleep(interval_s)
+        seconds, written = write_all()
+        return {"base_seconds": base_seconds, "base_bytes": base_bytes, "seconds": seconds, "bytes": written}
 
     # ------------------------------------------------------------------ tenants (ingress and admin API)
 

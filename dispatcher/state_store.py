@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from typing import Any, Protocol
 
 from fairgate.common.config import StateSettings
+from fairgate.core import journal
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,11 @@ class MemoryStore:
 
 class RedisStore:
     """Keys under ``prefix``: ``:tenants``, ``:nodes`` and ``:adapters`` (hashes name -> JSON record),
-    ``:seeded`` and ``:adapters:seeded``,
-    ``:state`` (the first model pool's scheduler) and ``:state:<model>`` (each other pool's)."""
+    ``:seeded`` and ``:adapters:seeded``; per durable state, ``:state`` (the first model pool's
+    scheduler; ``:state:<model>`` each other pool's) holds a base, ``:journal[:<model>]`` the changes
+    written after it (a list), ``:writer[:<model>]`` who wrote the base. A state is the base folded with
+    its writer's changes (``fairgate.core.journal``): a second dispatcher writing the same keys (an
+    upgrade's overlap) never mixes its changes into another's base."""
 
     def __init__(self, url: str, prefix: str) -> None:
         import redis.asyncio as aioredis
@@ -101,6 +106,10 @@ class RedisStore:
         self._seeded = f"{prefix}:seeded"
         self._adapters = f"{prefix}:adapters"
         self._state = f"{prefix}:state"
+        self._journal = f"{prefix}:journal"
+        self._writer = f"{prefix}:writer"
+        self._writer_id = uuid.uuid4().hex
+        self._writers: dict[str, journal.JournalWriter] = {}
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait for Redis to answer (it may start after the dispatcher); raise a clear error if it never does."""
@@ -189,12 +198,45 @@ class RedisStore:
         await self._redis.hdel(self._adapters, name)
 
     async def load_state(self, pool: str = "") -> dict[str, Any] | None:
-        """The saved scheduler state of one model pool ("": the first model's)."""
-        raw = await self._redis.get(self._state + (f":{pool}" if pool else ""))
-        return None if raw is None else json.loads(raw)
+        """The saved scheduler state of one model pool ("": the first model's): its base and the
+        changes its writer wrote after it."""
+        suffix = f":{pool}" if pool else ""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.get(self._state + suffix)
+            pipe.get(self._writer + suffix)
+            pipe.lrange(self._journal + suffix, 0, -1)
+            raw, writer, entries = await pipe.execute()
+        if raw is None:
+            return None
+        owner = writer.decode() if writer else ""
+        changed = []
+        for entry in entries:
+            author, _, change = entry.decode().partition("\n")
+            if author == owner:
+                changed.append(json.loads(change))
+        return journal.fold(json.loads(raw), *changed)
 
     async def save_state(self, state: dict[str, Any], pool: str = "") -> None:
-        await self._redis.set(self._state + (f":{pool}" if pool else ""), json.dumps(state))
+        """Write what changed since the last write (or a fresh base: ``JournalWriter``)."""
+        suffix = f":{pool}" if pool else ""
+        writer = self._writers.setdefault(pool, journal.JournalWriter())
+        write = writer.next(state)
+        if write is None:
+            return
+        is_base, encoded = write
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                if is_base:
+                    pipe.set(self._state + suffix, encoded)
+                    pipe.set(self._writer + suffix, self._writer_id)
+                    pipe.delete(self._journal + suffix)
+                else:
+                    pipe.rpush(self._journal + suffix, f"{self._writer_id}\n{encoded}")
+                await pipe.execute()
+        except BaseException:
+            writer.failed()
+            raise
+        writer.wrote()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -39,11 +39,13 @@ from fairgate.core import (
     FairScheduler,
     ProfiledCost,
     SchedulerConfig,
+    journal,
     make_policy,
     placement_names,
     unit_u,
 )
 from fairgate.core.classes import RequestClass
+from fairgate.core.journal import JournalWriter
 from fairgate.core.policies import POLICIES, policy_examples
 from fairgate.core.tree import TreeNode
 from fairgate.loadgen.simulator import Simulation, SimulationConfig
@@ -154,6 +156,10 @@ class Driver:
         self.weights_seen: dict[str, set[float]] = {name: {w} for name, w in WEIGHTS.items()}  # and nodes
         self.arrived: dict[str, float] = {}  # request id -> when its current submission arrived
         self.decisions: list[tuple[str, str]] = []
+        # the durable state as the Redis store keeps it: written after every event as a journal of
+        # changes (a small base threshold, so that fresh bases and long journals both occur)
+        self.journal = JournalWriter(min_journal_bytes=512)
+        self.stored: list[dict] = []  # the base, then the changes written after it
 
     def _build(self, s: FairScheduler) -> None:
         """The tenants (and in tree mode the nodes), as the actor sets them up from its registry."""
@@ -172,6 +178,7 @@ class Driver:
         other.where, other.decisions = dict(self.where), []
         other.weights_seen = {name: set(seen) for name, seen in self.weights_seen.items()}
         other.arrived = dict(self.arrived)
+        other.journal, other.stored = copy.deepcopy(self.journal), list(self.stored)
         return other
 
     # ------------------------------------------------------------------ events
@@ -179,6 +186,14 @@ class Driver:
     def apply(self, event: tuple) -> None:
         getattr(self, f"_{event[0]}")(*event[1:])
         self.check()
+        self._write_durable_state()
+
+    def _write_durable_state(self) -> None:
+        write = self.journal.next(self.s.durable_state())
+        if write is not None:
+            is_base, encoded = write
+            self.stored = [json.loads(encoded)] if is_base else [*self.stored, json.loads(encoded)]
+            self.journal.wrote()
 
     def _submit(self, tenant: int, prompt: int, max_tokens: int, true_output: int, conversation: int = 0) -> None:
         rid = f"r{self.n}"
@@ -386,7 +401,10 @@ class Driver:
         """The dispatcher restarts from its durable state: workers re-attach and re-announce what runs,
         callers ask again for what waited (and for what was assigned but had not started)."""
         old = self.s
-        state = json.loads(json.dumps(old.durable_state()))
+        self._write_durable_state()
+        state = journal.fold(*self.stored)  # what a restart reads back: the base and its changes
+        assert state == json.loads(json.dumps(old.durable_state())), "the journal did not restore the state"
+        self.journal, self.stored = JournalWriter(min_journal_bytes=512), []  # the new dispatcher's own
         again = sorted(
             [r for t in old.tenants.values() for r in t.queue] + [r for r in old.in_flight().values() if not r.started],
             key=lambda r: r.seq,
