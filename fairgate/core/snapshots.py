@@ -34,7 +34,7 @@ class Part(Protocol):
 
 
 SNAPSHOT_VERSION = 4  # 4: a part per key (3 and before: one record of the scheduler's fields)
-DURABLE_VERSION = 3
+DURABLE_VERSION = 4  # 4: running requests' output written as refunded (3: as charged so far)
 _DURABLE_FIELDS = (
     "name",
     "weight",
@@ -73,7 +73,10 @@ def durable_state(
     book: TenantBook, flights: InFlight, recovery: Recovery, settlement: Settlement, saved_at: float | None = None
 ) -> dict[str, Any]:
     """What a restarted dispatcher needs to continue fairly. An assignment that has not started is
-    written as if refunded: after the restart it starts (and is adopted) or is submitted again.
+    written as if refunded: after the restart it starts (and is adopted) or is submitted again. So is
+    the output of a running request (not what a prediction charged beyond it): its worker re-announces
+    it with every token so far, charged again then, and its row stays the same while it generates, so
+    that a journal of changes (``fairgate.core.journal``) holds starts and ends, not every token.
     ``saved_at``: now, on the clock its tickets' expiries are read from."""
     tree = book.tree
     nodes = {
@@ -90,22 +93,33 @@ def durable_state(
         move = ((r.prompt_tokens, 0), None), ((r.prompt_tokens, r.charged_output), None)
         ledger.account(books[r.tenant], *move, r.weight, r.path)
         ledger.account_cached(books[r.tenant], r.cached, 0, r.weight, r.path)
+    charged: list[list[Any]] = []
+    running_output: dict[str, int] = {}
+    for r in flights:
+        if not r.started:
+            continue
+        # its output written as refunded (what was charged ahead of it, beyond it, kept), as adoption
+        # charges it again (``Recovery.adopt``: at the tenant's weight then, to its request's path): the
+        # worker's re-announcement charges it back, and its row does not change while it generates
+        ahead = r.charged_output if r.charged_output > r.output_tokens else 0
+        served = (r.prompt_tokens, r.output_tokens), (r.prompt_tokens, 0)
+        charge = (r.prompt_tokens, r.charged_output), (r.prompt_tokens, ahead)
+        ledger.account(books[r.tenant], served, charge, path=r.path)
+        running_output[r.tenant] = running_output.get(r.tenant, 0) + r.output_tokens
+        charged.append([r.id, r.prompt_tokens, 0, ahead, r.weight, [list(p) for p in r.path]])
     rows = []
     for t in tenants.values():
         kept = books[t.name]
-        rows.append({**{k: getattr(t, k) for k in _DURABLE_FIELDS}, "counter": kept.counter, "service": kept.service})
+        row = {k: getattr(t, k) for k in _DURABLE_FIELDS}
+        row["output_tokens"] -= running_output.get(t.name, 0)
+        rows.append(row | {"counter": kept.counter, "service": kept.service})
     tree_order = {n.name: i for i, n in enumerate(tree.snapshot_order())}
     nodes_of_unstarted = {a.name for r in unstarted for a in tenants[r.tenant].ancestors}
     return {
         "version": DURABLE_VERSION,
         "tenants": rows,
         "nodes": [n.row() for n in sorted(nodes.values(), key=lambda n: tree_order[n.name])],
-        "charged": [
-            [r.id, r.prompt_tokens, r.output_tokens, r.charged_output, r.weight, [list(p) for p in r.path]]
-            for r in flights
-            if r.started
-        ]
-        + recovery.settled_rows(),
+        "charged": charged + recovery.settled_rows(),
         "next_seq": flights.next_seq,
         "last_left": tree.root.last_left,
         # the nodes above requests assigned and not started come back with them
@@ -133,7 +147,7 @@ def restore_durable(
 ) -> None:
     """Continue from ``durable_state`` (on a fresh scheduler, before any request or worker); ``now``:
     when, on the clock the state's ``saved_at`` was read from."""
-    if data.get("version") not in (1, 2, DURABLE_VERSION):  # 1: no waiting set recorded; 2: no tree
+    if data.get("version") not in (1, 2, 3, DURABLE_VERSION):  # 1: no waiting set recorded; 2: no tree
         raise ValueError(f"unsupported state version {data.get('version')!r}")
     tree = book.tree
     tree.restore_nodes(data.get("nodes", ()))

@@ -92,8 +92,11 @@ def test_durable_state_round_trips_through_redis(redis_url):
 
     restored = FairScheduler(SchedulerConfig())
     restored.restore_durable(run(scenario()))
-    assert restored.tenants["alice"].counter == s.tenants["alice"].counter
     assert restored.was_lost("r1")  # known as charged until its worker re-announces it
+    restored.worker_join("w", 1000)
+    assert restored.adopt("w", "r1", "alice", 10, 5, 3)  # re-announced with its 3 tokens: charged them again
+    assert restored.tenants["alice"].counter == s.tenants["alice"].counter
+    assert restored.tenants["alice"].output_tokens == s.tenants["alice"].output_tokens
 
 
 def test_saves_go_to_redis_as_a_journal_and_a_restart_reads_the_last_state_written(redis_url):
