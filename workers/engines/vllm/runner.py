@@ -65,6 +65,7 @@ class VllmRunner:
         self._adapter_locks: dict[str, asyncio.Lock] = {}
         self._gpu_adapters: tuple[str, ...] = ()  # those of vLLM's running batch, as of its last step
         self._host_adapters: tuple[str, ...] = ()  # those in vLLM's host cache, as last asked
+        self._ask_again = False  # asked while a read of the host cache was on its way
         self._asking: asyncio.Task[None] | None = None
         self.takes_priority = False  # vLLM runs its priority policy: requests carry the dispatcher's ranks
         self.llm: Any = None
@@ -326,18 +327,24 @@ class VllmRunner:
     def _ask_host_cache(self) -> None:
         """Which adapters vLLM's host cache holds (``max_cpu_loras``, least recently used evicted), asked
         in the background after a registration and whenever a step runs an adapter it is not known to
-        hold; one back in it after an eviction counts as a load (its time is not known)."""
+        hold; one back in it after an eviction counts as a load (its time is not known). Asked while a
+        read is on its way, it reads again after it: that read may predate the load."""
         if self._asking is None or self._asking.done():
             self._asking = asyncio.get_running_loop().create_task(self._read_host_cache())
+        else:
+            self._ask_again = True
 
     async def _read_host_cache(self) -> None:
-        held = await self.llm.list_loras()
-        named = self.serving_models.lora_requests
-        now = tuple(name for name, r in named.items() if r.lora_int_id in held)
-        for name in set(now) - set(self._host_adapters) - set(self._pending.adapter_loads):
-            self._pending.adapter_loads[name] = 0.0
-        self._host_adapters = now
-        self._schedule_flush()
+        self._ask_again = True
+        while self._ask_again:
+            self._ask_again = False
+            held = await self.llm.list_loras()
+            named = self.serving_models.lora_requests
+            now = tuple(name for name, r in named.items() if r.lora_int_id in held)
+            for name in set(now) - set(self._host_adapters) - set(self._pending.adapter_loads):
+                self._pending.adapter_loads[name] = 0.0
+            self._host_adapters = now
+            self._schedule_flush()
 
     def pop_reached(self, request_id: str) -> bool:
         if request_id in self._reached:
