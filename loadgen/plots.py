@@ -58,7 +58,7 @@ def plot_scale(path: Path, rows: Sequence[dict[str, Any]], reference_rate: float
     ax_cpu.legend(fontsize=8)
     ax_rate.plot(workers, [r["sustained_requests_per_s"] for r in rows], marker="o", color="tab:green")
     ax_rate.set_ylabel("requests/s sustained at the p99 target")
-    ax_rate.set_ylim(bottom=0)
+    ax_rate.set_ylim(0, 1.15 * max([r["sustained_requests_per_s"] for r in rows] + [1.0]))
     for ax in (ax_cpu, ax_rate):
         ax.set_xscale("log", base=2)
         ax.set_xticks(workers, [f"{w:,}" for w in workers])
