@@ -333,6 +333,32 @@ def test_a_request_that_reached_its_engine_runs_though_its_ticket_expires_before
     asyncio.run(scenario())
 
 
+def test_a_worker_s_word_on_a_request_assigned_elsewhere_since_does_not_count():
+    """A stale copy: its caller asked again and the request now runs on another worker. The first
+    worker's reports of its copy (tokens, its abort) neither charge nor end the request the second runs."""
+
+    async def scenario():
+        service, workers = await cluster(n_workers=2, kv_tokens=4000, engine_queue=0)
+        placed = await service.submit("r", "A", 10, 30)
+        other = next(w for w in workers if w.worker_id != placed.worker_id)
+        stale = pb.StepReport(
+            new_tokens=[pb.TokenCount(request_id="r", tokens=5)],
+            finished=[pb.Finished(request_id="r", output_tokens=5, reason="abort")],
+            free_tokens=4000,
+        )
+        other._outbox.put_nowait(pb.WorkerMessage(report=stale))
+        await asyncio.sleep(0.3)
+        req = service.scheduler.in_flight().get("r")
+        assert req is not None and req.worker == placed.worker_id and req.output_tokens == 0
+        chunks = await asyncio.wait_for(generate(placed, "hi " * 10, 30), 5)
+        assert chunks[-1].completion_tokens == 30
+        await eventually(lambda: "r" not in service.scheduler.in_flight())
+        assert service.scheduler.tenants["A"].output_tokens == 30  # its own worker's tokens, once
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
 def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignment_at_once():
     """The waiting call is assigned and cancelled in the same turn of the loop (the ingress withdrew,
     or its connection broke, as the assignment was made): the placement is freed now, not when its
