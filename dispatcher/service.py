@@ -115,7 +115,8 @@ class DispatcherService:
         self._pending: dict[str, asyncio.Future[Placement]] = {}
         # requests put back in their queues when their worker died, waiting for their caller to ask again
         self._orphans: dict[str, asyncio.Future[Placement]] = {}
-        self._arrived: set[str] = set()  # assigned, unstarted, and reached their workers (until their tickets expire)
+        # assigned, unstarted and reached their workers (until their tickets expire): when each was assigned
+        self._arrived: dict[str, float | None] = {}
         self.cache_groups: dict[str, str] = {}  # tenant -> its cache sharing group, for the tickets
         self.adapter_paths: dict[str, str] = {}  # adapter -> where its weights are, for the tickets
         self.adapter_loads: dict[str, list[float]] = {}  # adapter -> [loads, seconds], reported by workers
@@ -400,7 +401,7 @@ class DispatcherService:
             future.set_result(
                 Placement(req.id, a.worker_id, link.address if link else "", fields, sign(self._secret, fields))
             )
-            loop.call_later(self._ttl, self._expire_unstarted, req.id)
+            loop.call_later(self._ttl, self._expire_unstarted, req.id, req.dispatched_at)
         for req, reason in self.scheduler.take_dropped():
             future = self._pending.pop(req.id, None)
             if future is not None and not future.done():
@@ -455,16 +456,18 @@ class DispatcherService:
                 del self._pending[request_id]
             future.cancel()
 
-    def _expire_unstarted(self, request_id: str) -> None:
+    def _expire_unstarted(self, request_id: str, dispatched_at: float | None) -> None:
         """An assignment whose ticket expired before it reached its worker frees its reservation. One
         that reached it waits in its engine's queue: it keeps its reservation and runs when the engine
-        takes it (aborting it would answer its client with nothing)."""
-        if request_id in self._arrived:
-            self._arrived.discard(request_id)
-            return
+        takes it (aborting it would answer its client with nothing). A later assignment of the same
+        request (asked again) has a ticket, and an expiry, of its own."""
+        arrived = request_id in self._arrived and self._arrived[request_id] == dispatched_at  # it reached its worker
+        if arrived:
+            del self._arrived[request_id]
         req = self.scheduler.in_flight().get(request_id)
-        if req is None or not req.started:
-            self.release(request_id)
+        if req is not None and (req.started or req.dispatched_at != dispatched_at or arrived):
+            return
+        self.release(request_id)
 
     def _apply(self, worker_id: str, msg: pb.WorkerMessage) -> str | None:
         """One message from a worker; returns the worker id after a hello."""
@@ -500,7 +503,7 @@ class DispatcherService:
             for rid in r.arrived:  # held by its engine: its ticket's expiry no longer frees it
                 req = in_flight.get(rid)
                 if req is not None and not req.started and req.worker == worker_id:
-                    self._arrived.add(rid)
+                    self._arrived[rid] = req.dispatched_at
             for st in r.started:  # assigned before a restart or a broken stream: adopt it
                 adopted = st.request_id not in in_flight and st.tenant
                 if adopted and s.adopt(
