@@ -493,13 +493,6 @@ class DispatcherService:
             r = msg.report
             in_flight = s.in_flight()
 
-            def here(rid: str) -> bool:
-                """Whether this worker's word on ``rid`` counts: one assigned elsewhere since (asked
-                again after this worker's stream to its caller broke, or after this worker was taken
-                for gone) is that worker's; this one's copy is a stale duplicate."""
-                req = in_flight.get(rid)
-                return req is None or req.worker == worker_id
-
             for rid in r.arrived:  # held by its engine: its ticket's expiry no longer frees it
                 req = in_flight.get(rid)
                 if req is not None and not req.started and req.worker == worker_id:
@@ -518,9 +511,9 @@ class DispatcherService:
                         self.ttft.observe(now - req.arrival)
             s.on_report(
                 worker_id,
-                {t.request_id: t.tokens for t in r.new_tokens if here(t.request_id)},
-                started={st.request_id: st.prompt_tokens for st in r.started if here(st.request_id)},
-                cached={st.request_id: st.cached_tokens for st in r.started if here(st.request_id)},
+                {t.request_id: t.tokens for t in r.new_tokens},
+                started={st.request_id: st.prompt_tokens for st in r.started},
+                cached={st.request_id: st.cached_tokens for st in r.started},
                 free_tokens=int(r.free_tokens),
                 running=r.running,
                 waiting=r.waiting,
@@ -534,7 +527,8 @@ class DispatcherService:
                 book[0] += r.adapter_loads.get(name, 1)
                 book[1] += seconds
             for f in r.finished:
-                if not here(f.request_id):
+                req = in_flight.get(f.request_id)
+                if req is not None and req.worker != worker_id:  # assigned elsewhere since: a stale copy's end
                     continue
                 done = s.on_finish(f.request_id, f.output_tokens, f.reason, now)
                 if f.reason == FINISH_REVOKED:

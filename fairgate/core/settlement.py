@@ -119,12 +119,12 @@ class Settlement:
         if started:
             for rid, prompt_tokens in started.items():
                 req = in_flight.get(rid)
-                if req is not None and not req.started:
+                if req is not None and not req.started and req.worker == worker_id:
                     self._mark_started(req, prompt_tokens, None if cached is None else cached.get(rid))
         tenants, ledger = self._book.tenants, self.ledger
         for rid, k in new_tokens.items():
             req = in_flight.get(rid)
-            if req is None or k <= 0:
+            if req is None or k <= 0 or req.worker != worker_id:  # another worker's: a stale copy here
                 continue
             if not req.started:
                 self._mark_started(req, req.prompt_tokens)
