@@ -34,6 +34,7 @@ from fairgate.workers.asgi_call import AsgiResponse, Linger, call_asgi
 from fairgate.workers.body_limits import ENDPOINT_PATHS, BodyRefused, admitted_body, tenant_cache_salt
 from fairgate.workers.engines.interface import ASGIApp, EngineRunner, StepReport, TicketGrant, current_grant
 from fairgate.workers.generate_server import GenerateServer
+from fairgate.workers.report_outbox import ReportOutbox
 from fairgate.workers.stream_text import carries_text
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ REPORT_LINGER_S = 0.005
 REPORT_LINGER_MAX_S = 0.5
 # arrivals ride the next step report; in a step longer than this they go on their own
 ARRIVAL_REPORT_S = 1.0
+# a request's last bytes wait at most this long for the report of its end to be written (a stream to the
+# dispatcher that is down writes nothing: the next hello says what ended)
+END_REPORT_WAIT_S = 1.0
 
 
 @dataclass
@@ -71,6 +75,7 @@ class _Running:
     ticket_expires_at: float = 0.0  # on its dispatcher's clock (a restarted dispatcher reads it)
     started: bool = False  # the engine started it (reported so)
     finish: str = ""  # how the engine ended it, once reported ("revoked": taken back unstarted)
+    end_report: tuple[ReportOutbox, int] | None = None  # where the report of its end was put
     linger: Linger = field(default_factory=lambda: Linger(RELAY_LINGER_S, carries_text))  # its bytes' joining
 
 
@@ -110,7 +115,7 @@ class Worker:
         self._leaving: OrderedDict[str, _Running] = OrderedDict()
         # request id -> times generated here, for the last GENERATED_KEPT ids (tests check "never twice")
         self.generated: OrderedDict[str, int] = OrderedDict()
-        self._outbox: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self._outbox = ReportOutbox()
         self._arrived: list[str] = []  # requests arrived since the last report
         self._figures: tuple[int, int, int] | None = None  # the last step report's free KV, running, waiting
         self._report_linger = REPORT_LINGER_S  # the dispatcher's pace for step reports
@@ -153,7 +158,7 @@ class Worker:
     async def stop(self) -> None:
         """Stop at once (what runs is aborted)."""
         self._stopped.set()
-        self._outbox.put_nowait(None)
+        self._outbox.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -184,19 +189,29 @@ class Worker:
             if r is not None:
                 r.reported += k
         message = _report_message(report, held)
-        for f in report.finished:
-            r = running.get(f.id)
-            if r is not None:
-                r.finish = f.reason
-                r.linger.end()  # its last bytes go at once
-            gone = leaving.pop(f.id, None)
-            if gone is not None:
-                self._remember_ended(f.id, gone, f.output_tokens)
         if self._arrived:
             message.arrived.extend(self._arrived)
             self._arrived.clear()
         self._figures = (message.free_tokens, message.running, message.waiting)
-        self._outbox.put_nowait(pb.WorkerMessage(report=message))
+        outbox = self._outbox
+        position = outbox.put_nowait(pb.WorkerMessage(report=message))
+        for f in report.finished:
+            r = running.get(f.id)
+            if r is not None:
+                r.finish = f.reason
+                r.end_report = (outbox, position)
+                r.linger.end()  # its last bytes go at once
+            gone = leaving.pop(f.id, None)
+            if gone is not None:
+                self._remember_ended(f.id, gone, f.output_tokens)
+
+    async def end_reported(self, r: _Running) -> None:
+        """Until the report of ``r``'s end has been written to the dispatcher's stream (the engine's
+        last step report for it has come by now, if its response has ended)."""
+        await asyncio.sleep(0)
+        if r.end_report is not None:
+            outbox, position = r.end_report
+            await outbox.until_written(position, END_REPORT_WAIT_S)
 
     def arrived(self, request_id: str) -> None:
         """A request reached this worker with a valid ticket: the next report says so, within
@@ -298,10 +313,10 @@ class Worker:
         far, so a dispatcher charges each token once."""
         if self._stopped.is_set():
             return
-        stale, outbox = self._outbox, asyncio.Queue()
+        stale, outbox = self._outbox, ReportOutbox()
         self._outbox = outbox
         self._report_linger = REPORT_LINGER_S  # a dispatcher (maybe a new one) sets its pace anew
-        stale.put_nowait(None)
+        stale.close()
         yield pb.WorkerMessage(hello=self._hello())
         if self._draining:
             yield pb.WorkerMessage(goodbye=pb.Goodbye(reason="draining"))
@@ -314,6 +329,7 @@ class Worker:
                 return
             if msg.WhichOneof("kind") != "report":
                 yield msg
+                outbox.wrote(held=int(held is not None))
                 continue
             await self._report_pace(reported)  # steps faster than the pace: theirs go as one message
             reported = loop.time()
@@ -321,6 +337,7 @@ class Worker:
                 msg, held = _merge_queued(msg, outbox)
             self._urgent = False
             yield msg
+            outbox.wrote(held=int(held is not None and held is not _CLOSED))
             if held is _CLOSED:
                 return
 
@@ -344,8 +361,12 @@ class Worker:
                 await within(self._hurry.wait(), wait)
 
     def _hello(self) -> pb.Hello:
-        running = [_announced(rid, r) for rid, r in self._running.items()]
+        """Who this worker is, what runs here, and what ended lately. A request whose end its engine
+        reported but whose client has not had its last bytes yet is announced as ended: the report that
+        said so may have gone with the broken stream."""
+        running = [_announced(rid, r) for rid, r in self._running.items() if not r.finish]
         ended = [_announced(rid, r) for rid, (r, _) in self._ended.items()]
+        ended += [_announced(rid, r) for rid, r in self._running.items() if r.finish and (r.started or r.reported)]
         return pb.Hello(
             worker_id=self.worker_id,
             address=self.address,
@@ -453,7 +474,7 @@ async def generate(w: Worker, request: pb.GenerateRequest) -> AsyncIterator[pb.G
         if running.finish == FINISH_REVOKED:  # taken back before it started: nothing of it was sent
             yield _taken_back()
             return
-        await asyncio.sleep(0)  # the engine's last step report for it is flushed by now
+        await w.end_reported(running)  # a whole answer is never one nobody charged
         yield _last_chunk(running, response, whole, head=first)
     except (asyncio.CancelledError, GeneratorExit):
         raise
@@ -538,9 +559,7 @@ def _announced(request_id: str, r: _Running) -> pb.RunningRequest:
 _CLOSED = pb.WorkerMessage()  # the outbox's end, found while merging
 
 
-def _merge_queued(
-    msg: pb.WorkerMessage, outbox: asyncio.Queue[pb.WorkerMessage | None]
-) -> tuple[pb.WorkerMessage, pb.WorkerMessage | None]:
+def _merge_queued(msg: pb.WorkerMessage, outbox: ReportOutbox) -> tuple[pb.WorkerMessage, pb.WorkerMessage | None]:
     """Step reports that queued up while the stream was busy, as one message (fewer writes and
     fewer reads at the dispatcher, nothing delayed): starts and finishes in order, tokens summed per
     request, the pool's figures from the last step. Returns it and the first queued message that is

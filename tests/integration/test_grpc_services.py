@@ -359,6 +359,28 @@ def test_a_worker_s_word_on_a_request_assigned_elsewhere_since_does_not_count():
     asyncio.run(scenario())
 
 
+def test_a_whole_answer_reaches_its_client_only_after_the_report_of_its_end_went_to_the_dispatcher(monkeypatch):
+    """A worker lost right after its client got a whole answer must not leave that answer uncharged
+    (found in the node-loss test: a completed request's start, tokens and end were all in a report the
+    lost worker had not sent; the dispatcher took it for unstarted, placed it again, and refunded it when
+    that ticket expired). Here reports linger 1.5 s: the last chunk waits for its report, not the
+    dispatcher for the worker's pace."""
+
+    monkeypatch.setattr(worker_module, "REPORT_LINGER_S", 1.5)
+    monkeypatch.setattr(worker_module, "END_REPORT_WAIT_S", 30.0)
+
+    async def scenario():
+        service, workers = await cluster()
+        placed = await service.submit("r", "A", 10, 5)
+        chunks = await asyncio.wait_for(generate(placed, "hi " * 10, 5), 10)
+        assert chunks[-1].completion_tokens == 5
+        assert await eventually(lambda: "r" not in service.scheduler.in_flight(), timeout_s=0.5)
+        assert service.scheduler.tenants["A"].output_tokens == 5
+        await shutdown(service, workers)
+
+    asyncio.run(scenario())
+
+
 def test_a_withdraw_landing_between_assignment_and_resumption_frees_the_assignment_at_once():
     """The waiting call is assigned and cancelled in the same turn of the loop (the ingress withdrew,
     or its connection broke, as the assignment was made): the placement is freed now, not when its
