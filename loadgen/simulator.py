@@ -4,6 +4,11 @@ Nothing here decides anything: arrivals go to ``FairScheduler.submit``, each eng
 ``on_report`` / ``on_finish``, and ``assign`` picks what starts, exactly as in the Ray dispatcher.
 The clock jumps from event to event (an arrival or the end of some engine's step).
 
+``shards`` > 1 runs several dispatcher shards (``fairgate.core.shards``): each a whole scheduler over
+its slice of the engines, their counters exchanged and their waiting requests dealt every ``tau_s``;
+arrivals reach the shards in turn (a tenant in ``pinned`` reaches only its shard, as through a single
+ingress replica).
+
 ``front="round-robin"`` is the fairness-blind baseline a router such as SGLang's or vLLM's gives:
 each arrival goes straight to the next engine in turn, and each engine admits by its own rule. A
 workload's closed-loop tenants (``Workload.outstanding``) send their next request as one ends.
@@ -23,6 +28,7 @@ from fairgate.core import FairScheduler, SchedulerConfig, make_policy
 from fairgate.core.classes import default_class, leaf_name
 from fairgate.core.costs import CostFunction, LinearCost
 from fairgate.core.reasons import FINISH_REVOKED
+from fairgate.core.shards import Figures, ShardView, combine, deal, sharded_bound
 from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from fairgate.loadgen.workload import TraceRequest, Workload
 from fairgate.workers.engines.interface import StepReport
@@ -68,6 +74,9 @@ class SimulationConfig:
     # an engine's step reports reach the dispatcher merged, at most this often (a worker's report pace;
     # 0: each step's at its end), and at once when the engine has nothing left to step
     report_interval_s: float = 0.0
+    shards: int = 1  # dispatcher shards, each over its slice of the engines (``fairgate.core.shards``)
+    tau_s: float = 0.05  # the shards' rounds: counters exchanged and waiting requests dealt this often
+    pinned: dict[str, int] = field(default_factory=dict)  # tenant -> the one shard its requests reach
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -92,7 +101,11 @@ class Simulation:
         self.workload = workload
         self.config = config
         self.kv_tokens = config.kv_tokens or workload.kv_tokens or DEFAULT_KV_TOKENS
-        self.scheduler = make_scheduler(workload, config)
+        if not 1 <= config.shards <= config.replicas or config.tau_s <= 0:
+            raise ValueError("shards must be 1 to the number of replicas, and tau_s positive")
+        self.shards = [make_scheduler(workload, config) for _ in range(config.shards)]
+        # engine i's shard: contiguous slices, as even as the counts allow
+        self._shard_of = [i * config.shards // config.replicas for i in range(config.replicas)]
         ideal: set[int] | None = set() if config.ideal_cache else None
         events = config.kv_events and config.sees_prefix
         shared = BlockTier(config.shared_tier, emits=events) if config.shared_tier is not None else None
@@ -121,10 +134,18 @@ class Simulation:
         if config.front not in FRONTS:
             raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {config.front!r}")
         max_loras = config.adapters.max_loras if config.adapters is not None and config.sees_adapters else None
-        for wid, engine in zip(self.worker_ids, self.engines, strict=True):
-            self.scheduler.worker_join(
+        for i, (wid, engine) in enumerate(zip(self.worker_ids, self.engines, strict=True)):
+            self.shards[self._shard_of[i]].worker_join(
                 wid, self.kv_tokens, config.max_running, watermark=engine.watermark_tokens, max_loras=max_loras
             )
+        self._views = [ShardView(shard) for shard in self.shards]
+        self._fleet: dict[str, Figures] = {}  # the fleet's figures as of the last round
+        self._capacity = [self._shard_of.count(k) for k in range(config.shards)]
+        self._next_round = config.tau_s if config.shards > 1 else math.inf
+        self._served_at_round = 0.0
+        self.round_service = 0.0  # the most the fleet served between two rounds (the bound's staleness term)
+        self.moved = 0  # waiting requests dealt to another shard
+        self._next_shard = 0  # the shard the next unpinned arrival reaches
         tenants = workload.tenants
         self.recorder = ServiceRecorder(
             tenants, [workload.weight(t) for t in tenants], config.cost, charge_cached=config.sees_prefix
@@ -139,6 +160,19 @@ class Simulation:
         self._turn = 0  # the round-robin front's next engine
         self._tenant_of: dict[str, TraceRequest] = {}  # closed-loop requests in flight: what to send next
         self._progress = progress
+
+    @property
+    def scheduler(self) -> FairScheduler:
+        """The dispatcher (the first shard's, when sharded)."""
+        return self.shards[0]
+
+    @scheduler.setter
+    def scheduler(self, restored: FairScheduler) -> None:
+        """Replace it (a test restores it from a snapshot midway; unsharded runs only)."""
+        if len(self.shards) != 1:
+            raise ValueError("a sharded run's schedulers are replaced shard by shard")
+        self.shards[0] = restored
+        self._views = [ShardView(restored)]
 
     @property
     def horizon(self) -> float:
@@ -167,22 +201,29 @@ class Simulation:
             next_arrival = requests[self._next_arrival].arrival_s if self._next_arrival < len(requests) else math.inf
             next_step = min((t for t in self._step_end if t is not None), default=math.inf)
             t = min(next_arrival, next_step)
-            if t == math.inf or t > until:
+            if t == math.inf:
+                return False
+            t = min(t, self._next_round)
+            if t > until:
                 return False
             self.now = t
             self._finish_steps()
             self._admit_arrivals()
+            if t >= self._next_round:
+                self._round()
+                self._next_round += self.config.tau_s
             self._dispatch()
             self._start_steps()
-            sched = self.scheduler
-            self.recorder.sample(t, [sched.is_backlogged(name) for name in self.recorder.tenants])
+            shards = self.shards
+            self.recorder.sample(t, [any(s.is_backlogged(name) for s in shards) for name in self.recorder.tenants])
         return True
 
     def summary(self) -> RunSummary:
         duration = self.workload.duration_s if not self.config.drain else max(self.now, 1e-9)
         pool = self.kv_tokens * self.config.replicas
-        bound = self.scheduler.bound_for(*self.workload.longest(), pool, self.config.replicas) + self.report_lag()
-        return summarize(
+        single = self.scheduler.bound_for(*self.workload.longest(), pool, self.config.replicas) + self.report_lag()
+        bound = sharded_bound(single, self.round_service, self.config.shards)
+        summary = summarize(
             self.recorder,
             workload=self.workload.name,
             policy=self.config.policy,
@@ -192,6 +233,14 @@ class Simulation:
             bound=bound,
             siblings=self._siblings(),
         )
+        if self.config.shards > 1:
+            summary.report["shards"] = {
+                "shards": self.config.shards,
+                "tau_s": self.config.tau_s,
+                "round_service": self.round_service,
+                "moved": self.moved,
+            }
+        return summary
 
     def _siblings(self) -> list[Siblings] | None:
         """The workload's tree as the report checks it (None: flat, every pair compared), as a policy
@@ -238,8 +287,8 @@ class Simulation:
             self._report(i, report)
 
     def _report(self, i: int, report: StepReport) -> None:
-        """What engine ``i`` did since its last report reaches the dispatcher."""
-        sched = self.scheduler
+        """What engine ``i`` did since its last report reaches its dispatcher (shard)."""
+        sched = self.shards[self._shard_of[i]]
         served = sched.ledger.total
         sched.on_report(
             self.worker_ids[i],
@@ -268,11 +317,12 @@ class Simulation:
         return 2.0 * sum(self._largest_report)
 
     def _admit_arrivals(self) -> None:
-        requests, sched, rec = self.workload.requests, self.scheduler, self.recorder
+        requests, rec = self.workload.requests, self.recorder
         while self._next_arrival < len(requests) and requests[self._next_arrival].arrival_s <= self.now:
             r = requests[self._next_arrival]
             rid = str(self._next_arrival)
             self._next_arrival += 1
+            sched = self._shard_for(r.tenant)
             classes = sched.config.classes
             leaf = sched.class_leaf(r.tenant, r.klass).name if r.klass and classes else r.tenant
             if r.klass and not classes:  # flat (the policy has no tree): the class's leaf as a tenant
@@ -303,33 +353,80 @@ class Simulation:
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
 
+    def _shard_for(self, tenant: str) -> FairScheduler:
+        """The shard an arrival reaches: its tenant's, if pinned, else the next in turn."""
+        pinned = self.config.pinned.get(tenant)
+        if pinned is not None:
+            return self.shards[pinned % len(self.shards)]
+        self._next_shard = (self._next_shard + 1) % len(self.shards)
+        return self.shards[self._next_shard]
+
+    def _round(self) -> None:
+        """The shards' round: each sends its changes to the counters, all adopt the fleet's figures,
+        and every tenant's waiting requests are dealt over the shards by capacity."""
+        shards = self.shards
+        served = sum(s.ledger.total for s in shards)
+        self.round_service = max(self.round_service, served - self._served_at_round)
+        self._served_at_round = served
+        self._fleet = combine(self._fleet, [view.changes() for view in self._views])
+        waiting = [s.waiting_requests() for s in shards]
+        for k, view in enumerate(self._views):
+            view.adopt(self._fleet, {t for j, w in enumerate(waiting) if j != k for t in w})
+        for tenant in {t for w in waiting for t in w}:
+            queues = [w.get(tenant, []) for w in waiting]
+            for src, dst, n in deal([len(q) for q in queues], self._capacity):
+                for req in queues[src][len(queues[src]) - n :]:  # the newest go; the oldest keep their place
+                    self._move(req.id, shards[src], shards[dst])
+                del queues[src][len(queues[src]) - n :]
+
+    def _move(self, rid: str, src: FairScheduler, dst: FairScheduler) -> None:
+        """A waiting request leaves one shard's queue for another's (its caller asked the other)."""
+        req = src.hand_over(rid)
+        if req is None:
+            return
+        self.moved += 1
+        reason = dst.submit(
+            rid,
+            req.tenant,
+            req.prompt_tokens,
+            req.max_tokens,
+            req.arrival,
+            req.true_output,
+            resumed=True,
+            prefix=req.prefix,
+            block_tokens=req.block_tokens,
+            adapter=req.adapter,
+        )
+        if reason is not None:
+            self.recorder.on_reject(rid, self.now, False)
+
     def _dispatch(self) -> None:
         """Assign what can start; with revocation, take back what the engines answer for at once (a
         worker answers in a message), and assign again."""
-        sched = self.scheduler
-        self._assign_once()
-        revoked = True
-        while revoked:  # until a round takes nothing back (what an engine started stays)
-            revoked = False
-            for rid, worker in sched.revocations():
-                if self._engine_of[worker].revoke(rid):
-                    sched.on_finish(rid, 0, FINISH_REVOKED, self.now)
-                    revoked = True
-                else:
-                    sched.revocation_answered(rid, refused=True)
-            if revoked:
-                self._assign_once()
+        for sched in self.shards:
+            self._assign_once(sched)
+            revoked = True
+            while revoked:  # until a round takes nothing back (what an engine started stays)
+                revoked = False
+                for rid, worker in sched.revocations():
+                    if self._engine_of[worker].revoke(rid):
+                        sched.on_finish(rid, 0, FINISH_REVOKED, self.now)
+                        revoked = True
+                    else:
+                        sched.revocation_answered(rid, refused=True)
+                if revoked:
+                    self._assign_once(sched)
 
-    def _assign_once(self) -> None:
+    def _assign_once(self, sched: FairScheduler) -> None:
         requests = self.workload.requests
-        for a in self.scheduler.assign(self.now):
+        for a in sched.assign(self.now):
             req = a.request
             engine_req = self._engine_request(
                 req.id, req.prompt_tokens, req.max_tokens, req.true_output, requests[int(req.id)]
             )
             engine_req.priority = req.priority
             self._engine_of[a.worker_id].add(engine_req)
-        for req, _ in self.scheduler.take_dropped():
+        for req, _ in sched.take_dropped():
             self.recorder.on_reject(req.id, self.now, False)
 
     def _engine_request(

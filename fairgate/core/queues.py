@@ -99,15 +99,19 @@ class WaitingQueues:
 
     def withdraw(self, request_id: str, seq: int | None = None) -> bool:
         """Remove a waiting request by id (and, when given, only the submission numbered ``seq``)."""
+        return self.withdrawn(request_id, seq) is not None
+
+    def withdrawn(self, request_id: str, seq: int | None = None) -> Request | None:
+        """``withdraw``, returning the request removed (None: no such waiting request)."""
         leaf = self._ids.get(request_id)
         if leaf is None:
-            return False
+            return None
         t = self._book.tenants[leaf]
         for req in t.queue:
             if req.id == request_id and (seq is None or req.seq == seq):
                 self.take(t, req)
-                return True
-        return False
+                return req
+        return None
 
     def expire(self, now: float, limit: float) -> list[str]:
         """Withdraw the requests that have waited longer than ``limit`` since they arrived (one put back

@@ -15,7 +15,7 @@ has all of it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fairgate.core import scheduler_views, snapshots
@@ -46,6 +46,7 @@ from fairgate.core.recovery import LeaveResult, Recovery
 from fairgate.core.revocation import Revocation
 from fairgate.core.scheduler_config import SchedulerConfig
 from fairgate.core.settlement import Settlement
+from fairgate.core.shards import Figures
 from fairgate.core.tenant_book import TenantBook
 from fairgate.core.tree import SPARE, TenantTree, TreeNode
 from fairgate.core.wait_prediction import ObjectiveMiss, WaitPredictor
@@ -108,6 +109,9 @@ class FairScheduler:
             self.workers,
             self.prefixes,
         )
+        # tenants another dispatcher shard holds waiting requests of (``fairgate.core.shards``): one
+        # joining this shard's queue waited all along, and is not lifted
+        self.waiting_elsewhere: frozenset[str] = frozenset()
         self.picks = OutOfOrderPicks(
             self.book, self.workers, self.prefixes, self.queues.continuations, self.flights, budget, config.relaxed_scan
         )
@@ -215,7 +219,8 @@ class FairScheduler:
         flights.saw(prompt_tokens, max_tokens)
         if req.prefix and self.picks.slack > 0:
             req.home = self._home_of(req)
-        self.queues.enqueue(t, req, lift=not t.queue and self.recovery.lifts_on_return(t.name))
+        lift = not t.queue and t.name not in self.waiting_elsewhere and self.recovery.lifts_on_return(t.name)
+        self.queues.enqueue(t, req, lift=lift)
         return None
 
     def _refused(self, t: Tenant, prompt_tokens: int, max_tokens: int, now: float) -> str | None:
@@ -507,6 +512,25 @@ class FairScheduler:
 
     def quota_names(self, t: Tenant) -> list[str]:
         return self.book.quota_names(t)
+
+    # ------------------------------------------------------------------ shards (fairgate.core.shards)
+
+    def member_figures(self) -> dict[str, Figures]:
+        """Every tenant's and tree node's (service, counter, lifted), for a round of the shards."""
+        return self.book.member_figures()
+
+    def adopt_figures(self, figures: Mapping[str, Figures], waiting_elsewhere: Iterable[str]) -> None:
+        """The fleet's figures after a round, and the tenants the other shards hold waiting requests of."""
+        self.book.set_member_figures(figures)
+        self.waiting_elsewhere = frozenset(waiting_elsewhere)
+
+    def waiting_requests(self) -> dict[str, list[Request]]:
+        """Each waiting tenant's requests, in its queue's order (a round deals them over the shards)."""
+        return {t.name: list(t.queue) for t in self.book.tenants.values() if t.queue}
+
+    def hand_over(self, request_id: str) -> Request | None:
+        """Withdraw a waiting request for another shard to queue (None: it no longer waits here)."""
+        return self.queues.withdrawn(request_id)
 
     # ------------------------------------------------------------------ views
 

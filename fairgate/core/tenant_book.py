@@ -179,6 +179,32 @@ class TenantBook:
         if t.ancestors:
             self.tree.rekey_ancestors(t)
 
+    # ------------------------------------------------------------------ the fleet's figures (shards)
+
+    def member_figures(self) -> dict[str, tuple[float, float, float]]:
+        """(service, counter, lifted) of every tenant ("t/name") and tree node ("n/name")."""
+        out = {f"t/{t.name}": (t.service, t.counter, t.lifted) for t in self.tenants.values()}
+        out.update({f"n/{n.name}": (n.service, n.counter, n.lifted) for n in self.tree.nodes.values()})
+        return out
+
+    def set_member_figures(self, figures: Mapping[str, tuple[float, float, float]]) -> None:
+        """Set the figures of the members named (others unknown here are left out), re-keyed where
+        they wait: a shard adopting the fleet's figures of a round."""
+        tenants, nodes = self.tenants, self.tree.nodes
+        for key, (service, counter, lifted) in figures.items():
+            kind, _, name = key.partition("/")
+            member: Tenant | TreeNode | None = tenants.get(name) if kind == "t" else nodes.get(name)
+            if member is None or (member.service, member.counter, member.lifted) == (service, counter, lifted):
+                continue
+            before = self.key_if_waiting(member) if isinstance(member, Tenant) else None
+            member.service, member.counter, member.lifted = service, counter, lifted
+            if isinstance(member, Tenant):
+                self.rekey_if_lower(member, before)
+        if nodes:
+            for t in tenants.values():
+                if t.queue and t.ancestors:
+                    self.tree.rekey_ancestors(t)
+
     # ------------------------------------------------------------------ snapshots
 
     def snapshot(self) -> dict[str, Any]:

@@ -1,0 +1,117 @@
+"""Several dispatchers, one fairness: what dispatcher shards exchange (pure).
+
+Each shard is a whole scheduler over its own slice of the workers; it charges exactly what its own
+workers serve. The tenants' and tree nodes' figures (service, counter, lifted) are the fleet's: every
+round (each ``tau``) each shard sends what it changed of them since the last round
+(``ShardView.changes``), every shard combines all shards' changes the same way (``combine``), and
+adopts the result with its own changes since it sent on top (``ShardView.adopt``). Between rounds a
+shard misses at most what the others charged in one round: the staleness term of the fleet's bound
+(``sharded_bound``).
+
+Waiting requests are spread over the shards too (``deal``): each round, every tenant's waiting
+requests are dealt to the shards in proportion to their capacity, so a shard that frees room finds
+every backlogged tenant in its own queue, whichever shard its requests reached (a tenant whose
+traffic reaches one shard only is served by all of them), and no shard idles while another holds
+waiting work for more than one round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+Figures = tuple[float, float, float]  # (service, counter, lifted) of a tenant ("t/name") or tree node ("n/name")
+ZERO: Figures = (0.0, 0.0, 0.0)
+
+
+def combine(base: Mapping[str, Figures], changes: Sequence[Mapping[str, Figures]]) -> dict[str, Figures]:
+    """The fleet's figures after a round: ``base`` (the last round's) and every shard's changes since.
+    Service and charges add up; lifts do not (each shard lifts a tenant that joins its queue to the
+    same floor, the least-served waiting): the largest lift of the round counts, once."""
+    fleet = dict(base)
+    for key in {key for change in changes for key in change}:
+        moves = [change[key] for change in changes if key in change]
+        service, counter, lifted = base.get(key, ZERO)
+        lift = max(0.0, max(m[2] for m in moves))
+        charged = sum(m[1] - m[2] for m in moves)
+        fleet[key] = (service + sum(m[0] for m in moves), counter + charged + lift, lifted + lift)
+    return fleet
+
+
+class FigureSource(Protocol):
+    """What a shard's scheduler gives and takes in a round (``FairScheduler`` is one)."""
+
+    def member_figures(self) -> dict[str, Figures]: ...
+
+    def adopt_figures(self, figures: Mapping[str, Figures], waiting_elsewhere: Iterable[str]) -> None: ...
+
+
+class ShardView:
+    """One shard's side of the rounds: what it changed since the fleet's last figures it adopted."""
+
+    def __init__(self, scheduler: FigureSource) -> None:
+        self._scheduler = scheduler
+        self._base: dict[str, Figures] = {}  # the fleet's figures as of the last round adopted
+        self._sent: dict[str, Figures] = {}  # this shard's figures when it sent its last changes
+
+    def changes(self) -> dict[str, Figures]:
+        """This shard's changes since the last round, for every shard (itself included) to combine."""
+        now = self._scheduler.member_figures()
+        self._sent = now
+        base = self._base
+        return {key: _minus(v, base.get(key, ZERO)) for key, v in now.items() if v != base.get(key, ZERO)}
+
+    def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str]) -> None:
+        """Take the fleet's figures of the round, keeping what this shard changed since it sent its
+        changes; ``waiting_elsewhere``: the tenants other shards hold waiting requests of (one that
+        joins this shard's queue is not lifted: it waited all along)."""
+        now, sent = self._scheduler.member_figures(), self._sent
+        view = {key: _plus(f, _minus(now[key], sent.get(key, ZERO))) if key in now else f for key, f in fleet.items()}
+        self._scheduler.adopt_figures(view, waiting_elsewhere)
+        self._base = {key: fleet[key] for key in fleet if key in now}  # members this shard does not have: from 0
+
+
+def deal(counts: Sequence[int], shares: Sequence[float]) -> list[tuple[int, int, int]]:
+    """Moves ``(from shard, to shard, requests)`` that spread one tenant's waiting requests (``counts``
+    per shard) in proportion to ``shares`` (the shards' capacities). Each move costs its caller a
+    redirect, so a shard is dealt requests only when it holds less than half its share (none: it
+    cannot serve the tenant at all until the next round), and then up to its share, from the shards
+    holding more than theirs; what does not divide evenly stays where it is."""
+    total, weight = sum(counts), sum(shares)
+    if total == 0 or weight <= 0:
+        return []
+    target = [int(total * s / weight) for s in shares]
+    left = total - sum(target)
+    for i in sorted(range(len(counts)), key=lambda i: target[i] - counts[i])[:left]:  # the most held, first
+        target[i] += 1
+    give = [(i, counts[i] - target[i]) for i in range(len(counts)) if counts[i] > target[i]]
+    take = [(i, target[i] - counts[i]) for i in range(len(counts)) if 2 * counts[i] < target[i]]
+    moves: list[tuple[int, int, int]] = []
+    while give and take:
+        (src, extra), (dst, short) = give[-1], take[-1]
+        n = min(extra, short)
+        moves.append((src, dst, n))
+        give[-1], take[-1] = (src, extra - n), (dst, short - n)
+        if extra == n:
+            give.pop()
+        if short == n:
+            take.pop()
+    return moves
+
+
+def sharded_bound(single: float, round_service: float, shards: int) -> float:
+    """The fleet's bound on the service gap between two backlogged tenants (weight 1) with ``shards``
+    shards: ``single`` (a single dispatcher's over the whole fleet: 2U and its terms) plus twice the
+    most the whole fleet serves in one round (``round_service``: at most its service rate times tau).
+    A shard picks by counters that miss at most what the other shards charged since the last round,
+    and its queue may lack, until the next round, a tenant that waits elsewhere; each costs the pair
+    at most one round's service of the fleet on one side."""
+    return single if shards <= 1 else single + 2.0 * round_service
+
+
+def _minus(a: Figures, b: Figures) -> Figures:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+def _plus(a: Figures, b: Figures) -> Figures:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])

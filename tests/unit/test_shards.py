@@ -1,0 +1,102 @@
+"""What dispatcher shards exchange (``fairgate.core.shards``): the fleet's figures after a round add up
+every shard's charges once and its lifts once; each shard adopts them with its own changes since it
+sent on top; a tenant's waiting requests are dealt by capacity, with as few moves as that takes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairgate.core import FairScheduler, SchedulerConfig
+from fairgate.core.shards import ShardView, combine, deal, sharded_bound
+
+
+def test_charges_add_up_and_a_lift_counts_once():
+    base = {"t/a": (100.0, 50.0, 10.0)}
+    changes = [
+        {"t/a": (30.0, 45.0, 30.0)},  # charged 15, lifted 30
+        {"t/a": (20.0, 50.0, 30.0), "t/b": (5.0, 5.0, 0.0)},  # charged 20, lifted to the same floor
+    ]
+    fleet = combine(base, changes)
+    assert fleet["t/a"] == (150.0, 50.0 + 15.0 + 20.0 + 30.0, 40.0)
+    assert fleet["t/b"] == (5.0, 5.0, 0.0)
+
+
+def test_a_tenant_s_waiting_requests_are_dealt_by_capacity_with_the_fewest_moves():
+    assert deal([8, 0], [1, 1]) == [(0, 1, 4)]
+    assert deal([5, 3], [1, 1]) == []  # each holds more than half its share: no redirect is worth it
+    assert deal([1, 0, 0, 0], [1, 1, 1, 1]) == []  # what does not divide stays
+    assert deal([0, 9, 3], [1, 2, 3]) == [(1, 0, 2)]  # the third holds half its share of 6: left as it is
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=8), st.lists(st.integers(1, 4), min_size=8, max_size=8))
+def test_dealing_moves_only_what_a_shard_holds_and_leaves_none_below_half_its_share(counts, capacities):
+    shares = capacities[: len(counts)]
+    moves = deal(counts, shares)
+    after = list(counts)
+    for src, dst, n in moves:
+        assert n > 0 and src != dst
+        after[src] -= n
+        after[dst] += n
+    assert sum(after) == sum(counts) and min(after) >= 0
+    total, weight = sum(counts), sum(shares)
+    for i, have in enumerate(after):
+        assert 2 * have >= int(total * shares[i] / weight) or all(
+            after[j] <= int(total * shares[j] / weight) + 1 for j in range(len(after))
+        )
+
+
+def _shard(tenants: list[str]) -> FairScheduler:
+    s = FairScheduler(SchedulerConfig())
+    s.worker_join("w", kv_tokens=100_000)
+    for t in tenants:
+        s.add_tenant(t)
+    return s
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from("ab"), st.integers(1, 30)), max_size=40))
+def test_after_each_round_every_shard_sees_every_charge_of_the_fleet_once(charges):
+    """Three shards serve requests; a round after every few: each shard's view of each tenant is then
+    the sum over shards of what each served, its counter that service and the round's lifts, and
+    every shard's view the same."""
+    shards = [_shard(["a", "b"]) for _ in range(3)]
+    views = [ShardView(s) for s in shards]
+    fleet: dict = {}
+    served = {"a": 0.0, "b": 0.0}
+    for i, (k, tenant, tokens) in enumerate(charges):
+        s = shards[k]
+        s.submit(f"r{i}", tenant, 10, tokens, float(i))
+        (a,) = s.assign(float(i))
+        s.on_report("w", {a.request.id: tokens}, started={a.request.id: 10})
+        s.on_finish(a.request.id, tokens, "length", float(i))
+        served[tenant] += s.ledger.cost_between(None, (10, tokens))
+        if i % 3 == 2:
+            fleet = combine(fleet, [v.changes() for v in views])
+            for v in views:
+                v.adopt(fleet, ())
+            for name in "ab":
+                for s in shards:
+                    t = shards[0].tenants[name]
+                    assert abs(s.tenants[name].service - served[name]) < 1e-6
+                    assert abs(t.counter - t.lifted - served[name]) < 1e-6
+                    assert (s.tenants[name].counter, s.tenants[name].lifted) == (t.counter, t.lifted)
+
+
+def test_a_tenant_waiting_on_another_shard_is_not_lifted_when_it_joins_this_one():
+    s = _shard(["a", "b"])
+    s.submit("b1", "b", 10, 10, 0.0)
+    s.tenants["b"].counter = 500.0  # b waits here, served 500; a was served less
+    s.adopt_figures({}, {"a"})
+    s.submit("a1", "a", 10, 10, 0.0)
+    assert s.tenants["a"].counter == 0.0  # it waited all along elsewhere: its place is kept
+    s.cancel("a1")
+    s.adopt_figures({}, ())
+    s.submit("a2", "a", 10, 10, 0.0)
+    assert s.tenants["a"].counter == 500.0  # back from idle: lifted to the least-served waiting one
+
+
+def test_the_sharded_bound_adds_twice_one_round_of_the_fleet_s_service():
+    assert sharded_bound(1000.0, 50.0, 1) == 1000.0
+    assert sharded_bound(1000.0, 50.0, 4) == 1100.0
