@@ -57,6 +57,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=0.0,
         help="SECONDS an engine's step reports are merged for, as a worker's pace (the bound grows with it)",
     )
+    sim.add_argument(
+        "--shards", type=int, default=1, help="dispatcher shards, each over a slice of the replicas (1: one dispatcher)"
+    )
+    sim.add_argument("--tau-ms", type=float, default=50.0, help="the shards' rounds: counters exchanged this often")
+    sim.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="TENANT=SHARD",
+        help="a tenant whose requests reach one shard only (as through one ingress replica); repeatable",
+    )
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--no-progress", action="store_true")
     return sim
@@ -83,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--block-size and --max-running must be positive")
     if not args.report_interval >= 0:
         raise UsageError("--report-interval must be at least 0")
+    if not 1 <= args.shards <= args.replicas or not args.tau_ms > 0:
+        raise UsageError("--shards must be 1 to --replicas, and --tau-ms positive")
+    pinned = _pins(args.pin, args.shards)
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
     except WorkloadError as exc:
@@ -118,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
                 drain=args.drain,
                 revoke=args.revoke,
                 report_interval_s=args.report_interval,
+                shards=args.shards,
+                tau_s=args.tau_ms / 1000,
+                pinned=pinned,
             )
             if step_model is not None:
                 config.step_model = step_model
@@ -153,3 +170,14 @@ def _cost(args: argparse.Namespace) -> CostFunction:
     if args.profile is None:
         return ProfiledCost()
     return fit_profiled_cost(read_profile(args.profile))
+
+
+def _pins(pins: list[str], shards: int) -> dict[str, int]:
+    """``--pin TENANT=SHARD`` options as a mapping, each shard in range."""
+    out = {}
+    for pin in pins:
+        tenant, _, shard = pin.partition("=")
+        if not tenant or not shard.isdigit() or int(shard) >= shards:
+            raise UsageError(f"--pin {pin!r}: TENANT=SHARD with SHARD from 0 to {shards - 1}")
+        out[tenant] = int(shard)
+    return out
