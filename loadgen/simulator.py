@@ -77,6 +77,7 @@ class SimulationConfig:
     shards: int = 1  # dispatcher shards, each over its slice of the engines (``fairgate.core.shards``)
     tau_s: float = 0.05  # the shards' rounds: counters exchanged and waiting requests dealt this often
     pinned: dict[str, int] = field(default_factory=dict)  # tenant -> the one shard its requests reach
+    threshold: float | None = None  # the threshold rule's gap (``fairgate.core.threshold``); None: off
 
 
 def make_scheduler(workload: Workload, config: SimulationConfig) -> FairScheduler:
@@ -146,6 +147,9 @@ class Simulation:
         self.round_service = 0.0  # the most the fleet served between two rounds (the bound's staleness term)
         self.moved = 0  # waiting requests dealt to another shard
         self._next_shard = 0  # the shard the next unpinned arrival reaches
+        self._taking: set[str] = set()  # running requests the threshold rule stops, not reported stopped yet
+        self._generated: dict[str, int] = {}  # output tokens of a request's earlier runs (taken back)
+        self.recomputed_tokens = 0  # prefilled again: the threshold rule's continuations
         tenants = workload.tenants
         self.recorder = ServiceRecorder(
             tenants, [workload.weight(t) for t in tenants], config.cost, charge_cached=config.sees_prefix
@@ -233,6 +237,18 @@ class Simulation:
             bound=bound,
             siblings=self._siblings(),
         )
+        if self.config.threshold is not None:
+            served = self.recorder.prompt_tokens_served + self.recorder.output_tokens_served
+            one_engine = self.scheduler.bound_for(*self.workload.longest(), self.kv_tokens, 1)
+            stated = one_engine + 2.0 * self.config.threshold
+            summary.report["threshold"] = {
+                "threshold": self.config.threshold,
+                "bound": stated,
+                "inside_bound": summary.report["max_abs_service_diff"] <= stated,
+                "taken": sum(s.threshold.taken for s in self.shards),
+                "recomputed_tokens": self.recomputed_tokens,
+                "recomputed_share": self.recomputed_tokens / served if served else 0.0,
+            }
         if self.config.shards > 1:
             summary.report["shards"] = {
                 "shards": self.config.shards,
@@ -272,7 +288,7 @@ class Simulation:
             report = engine.end_step()
             ended = []
             for done in report.finished:
-                if done.reason != FINISH_REVOKED:  # one taken back waits again: it has not ended
+                if done.reason != FINISH_REVOKED and done.id not in self._taking:  # one taken back has not ended
                     self._send_next(done.id)  # its client has its answer, whenever the dispatcher hears
                     ended.append(done.id)
             rec.on_step(self.now, report.started, report.new_tokens, ended, report.cached)
@@ -305,6 +321,8 @@ class Simulation:
         )
         for done in report.finished:
             sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
+            if done.id in self._taking:
+                self._continue(sched, done.id, done.output_tokens)
         if self.config.report_interval_s:  # what the dispatcher heard of late: the service it accounted
             self._largest_report[i] = max(self._largest_report[i], sched.ledger.total - served)
 
@@ -400,6 +418,34 @@ class Simulation:
         if reason is not None:
             self.recorder.on_reject(rid, self.now, False)
 
+    def _continue(self, sched: FairScheduler, rid: str, output_tokens: int) -> None:
+        """A running request the threshold rule took back stopped: the rest of it (its prompt and the
+        output so far, prefilled again) queues again for its tenant."""
+        self._taking.discard(rid)
+        sched.preemption_answered(rid)
+        r = self.workload.requests[int(rid)]
+        done = self._generated.get(rid, 0) + output_tokens
+        asked = r.max_tokens or r.output_tokens
+        if done >= min(asked, r.output_tokens):  # it had ended: nothing left to run
+            self._generated.pop(rid, None)
+            self.recorder.on_step(self.now, {}, {}, [rid])
+            self._send_next(rid)
+            return
+        self._generated[rid] = done
+        prompt = r.prompt_tokens + done
+        self.recomputed_tokens += prompt
+        reason = sched.submit(
+            rid,
+            self.recorder.tenants[self.recorder.requests[rid].tenant],
+            prompt,
+            asked - done,
+            self.now,
+            r.output_tokens - done,
+            resumed=True,
+        )
+        if reason is not None:
+            self.recorder.on_reject(rid, self.now, False)
+
     def _dispatch(self) -> None:
         """Assign what can start; with revocation, take back what the engines answer for at once (a
         worker answers in a message), and assign again."""
@@ -416,6 +462,11 @@ class Simulation:
                         sched.revocation_answered(rid, refused=True)
                 if revoked:
                     self._assign_once(sched)
+            for rid, worker in sched.preemptions():
+                if self._engine_of[worker].abort(rid):
+                    self._taking.add(rid)
+                else:
+                    sched.preemption_answered(rid)
 
     def _assign_once(self, sched: FairScheduler) -> None:
         requests = self.workload.requests

@@ -68,6 +68,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="TENANT=SHARD",
         help="a tenant whose requests reach one shard only (as through one ingress replica); repeatable",
     )
+    sim.add_argument(
+        "--threshold",
+        type=float,
+        help="COST: take back running requests of a tenant this far ahead of the least-served waiting one",
+    )
     sim.add_argument("--no-plots", action="store_true")
     sim.add_argument("--no-progress", action="store_true")
     return sim
@@ -97,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.shards <= args.replicas or not args.tau_ms > 0:
         raise UsageError("--shards must be 1 to --replicas, and --tau-ms positive")
     pinned = _pins(args.pin, args.shards)
+    if args.threshold is not None and not args.threshold >= 0:
+        raise UsageError("--threshold must be at least 0")
     try:
         workloads = load_workloads(args.workload, seed=args.seed, trace=args.trace, rate_scale=args.rate_scale)
     except WorkloadError as exc:
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 shards=args.shards,
                 tau_s=args.tau_ms / 1000,
                 pinned=pinned,
+                threshold=args.threshold,
             )
             if step_model is not None:
                 config.step_model = step_model

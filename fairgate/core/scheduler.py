@@ -48,6 +48,7 @@ from fairgate.core.scheduler_config import SchedulerConfig
 from fairgate.core.settlement import Settlement
 from fairgate.core.shards import Figures
 from fairgate.core.tenant_book import TenantBook
+from fairgate.core.threshold import ThresholdRule
 from fairgate.core.tree import SPARE, TenantTree, TreeNode
 from fairgate.core.wait_prediction import ObjectiveMiss, WaitPredictor
 from fairgate.core.workers import WorkerSlot, WorkerTable
@@ -86,6 +87,7 @@ class FairScheduler:
         if self.objectives.enforcing:
             self.workers.reserve = config.objective_reserve
         self.revocation = Revocation(config.revoke, self.book, self.flights, self.workers, budget)
+        self.threshold = ThresholdRule(config.threshold, self.book, self.flights)
         self.settlement = Settlement(
             Ledger(self.cost, self.book.tree.nodes),
             self.book,
@@ -492,6 +494,14 @@ class FairScheduler:
         """``request_id`` is no longer out to be taken back (``refused``: its engine has begun it)."""
         self.revocation.answered(request_id, refused)
 
+    def preemptions(self) -> list[tuple[str, str]]:
+        """Running requests the threshold rule takes back now (``fairgate.core.threshold``): stop each on
+        its worker; its end settles it, and its caller queues the rest of it again."""
+        return self.threshold.preemptions()
+
+    def preemption_answered(self, request_id: str) -> None:
+        self.threshold.answered(request_id)
+
     def place_or_wait(self, waiting: Tenant, req: Request) -> WorkerSlot | None:
         """Where ``req`` goes when its placement would queue it in an engine (``Revocation``)."""
         return self.revocation.place_or_wait(waiting, req)
@@ -619,6 +629,7 @@ class FairScheduler:
             "prefixes": self.prefixes,
             "settlement": self.settlement,
             "revocation": self.revocation,
+            "threshold": self.threshold,
             "objectives": self.objectives,
             "quotas": self.gate,
             "recovery": self.recovery,

@@ -39,6 +39,8 @@ class SchedulerConfig:
     ``revoke``: take back requests an engine holds unstarted from tenants more served than the one
     that waits with nowhere to go (``fairgate.core.revocation``); on by default, so that a request
     waiting inside an engine's queue still counts as waiting (docs/architecture.md, "Revocation").
+    ``threshold``: take back running requests of a tenant whose counter passes the least-served
+    waiting tenant's by more than this (cost units at weight 1; ``fairgate.core.threshold``); None: off.
     """
 
     policy: str = "vtc"
@@ -55,6 +57,7 @@ class SchedulerConfig:
     classes: tuple[RequestClass, ...] = ()
     objective_reserve: float = 0.1
     revoke: bool = True
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         policy = make_policy(self.policy, self.seed)  # refuses unknown ones
@@ -67,6 +70,8 @@ class SchedulerConfig:
             raise ValueError(f"overcommit must be at least 1, got {self.overcommit}")
         if not 0.0 <= self.objective_reserve < 1.0:
             raise ValueError(f"objective_reserve must be in [0, 1), got {self.objective_reserve}")
+        if self.threshold is not None and not self.threshold >= 0:
+            raise ValueError(f"threshold must be at least 0, got {self.threshold}")
         if self.max_engine_waiting < 0:
             raise ValueError(f"max_engine_waiting must be >= 0, got {self.max_engine_waiting}")
 
@@ -94,6 +99,7 @@ class SchedulerConfig:
             classes=tuple(RequestClass.from_dict(c) for c in data.get("classes") or ()),
             objective_reserve=float(data.get("objective_reserve", 0.1)),
             revoke=bool(data.get("revoke", True)),
+            threshold=_optional(data.get("threshold"), float),
         )
 
 

@@ -49,6 +49,34 @@ def shard_row(name: str, engines: int, shards: int, tau_s: float, seconds: float
     }
 
 
+def threshold_rows(engine_counts: tuple[int, ...], threshold: float, seconds: float, seed: int) -> list[dict[str, Any]]:
+    """The threshold rule on ``overload`` at each engine count, on and off."""
+    rows = []
+    for engines in engine_counts:
+        w = overload(seed, scale=engines).truncated(seconds)
+        off = simulate(w, SimulationConfig(replicas=engines, seed=seed)).report
+        on = simulate(w, SimulationConfig(replicas=engines, seed=seed, threshold=threshold)).report
+        rule = on["threshold"]
+        rows.append(
+            {
+                "engines": engines,
+                "gap": on["max_abs_service_diff"],
+                "gap_rule_off": off["max_abs_service_diff"],
+                "bound": rule["bound"],
+                "inside_bound": rule["inside_bound"],
+                "throughput_vs_rule_off": on["output_tokens_per_s"] / off["output_tokens_per_s"],
+                "taken": rule["taken"],
+                "recomputed_tokens": rule["recomputed_tokens"],
+                "recomputed_share": rule["recomputed_share"],
+            }
+        )
+    one, one_off = rows[0]["gap"], rows[0]["gap_rule_off"]
+    for row in rows:
+        row["gap_vs_one_engine"] = row["gap"] / one if one else float("nan")
+        row["gap_vs_one_engine_rule_off"] = row["gap"] / one_off if one_off else float("nan")
+    return rows
+
+
 @register
 class ShardsBench(Bench):
     name = "shards"
@@ -60,12 +88,20 @@ class ShardsBench(Bench):
         Param("tau_ms", str, "10,50,200", "comma-separated round intervals, milliseconds"),
         Param("seconds", float, 120.0, "of each workload (virtual time)"),
         Param("seed", int, 0, "of the workloads' arrivals"),
+        Param(
+            "rule_engines", str, "1,4,16,64", "engine counts of the threshold rule's rows (the first is the reference)"
+        ),
+        Param("threshold", float, 2500.0, "the threshold rule's gap, cost units"),
+        Param("rule_seconds", float, 300.0, "of overload for the threshold rule's rows (virtual time)"),
     )
 
     def check(self, options: Options) -> None:
         names(options["workloads"], "--workloads", WORKLOADS)
         shards = numbers(options["shards"], "--shards")
         numbers(options["tau_ms"], "--tau-ms", float, least=0.001)
+        numbers(options["rule_engines"], "--rule-engines")
+        if options["threshold"] < 0 or options["rule_seconds"] <= 0:
+            raise ValueError("--threshold must be at least 0 and --rule-seconds positive")
         if options["engines"] < max(shards) or options["seconds"] <= 0:
             raise ValueError("--engines must be at least the largest shard count, and --seconds positive")
 
@@ -83,7 +119,10 @@ class ShardsBench(Bench):
                     row = shard_row(name, engines, k, tau_ms / 1000, seconds, seed)
                     row["throughput_vs_single"] = row["throughput"] / single["throughput"]
                     rows.append(row)
-        return {"engines": engines, "seconds": seconds, "rows": rows}
+        rule = threshold_rows(
+            numbers(options["rule_engines"], "--rule-engines"), options["threshold"], options["rule_seconds"], seed
+        )
+        return {"engines": engines, "seconds": seconds, "rows": rows, "threshold": options["threshold"], "rule": rule}
 
     def report(self, figures: Figures) -> str:
         out = [
@@ -97,5 +136,17 @@ class ShardsBench(Bench):
                 f"{r['workload']:<9} {r['shards']:>2} {tau:>6} {r['gap']:>9.0f} {r['bound']:>10.0f} "
                 f"{'yes' if r['inside_bound'] else 'NO':>6} {r['jain']:>6.3f} {r['throughput_vs_single']:>6.3f} "
                 f"{r['moved']:>6}"
+            )
+        out += [
+            "",
+            f"the threshold rule at {figures['threshold']:,.0f} on overload (gap: the rule on; vs 1: its 1-engine gap)",
+            f"{'engines':>7} {'gap':>8} {'rule off':>9} {'bound':>8} {'inside':>6} {'vs 1':>5} {'tput':>6} "
+            f"{'taken':>6} {'recomputed':>10}",
+        ]
+        for r in figures["rule"]:
+            out.append(
+                f"{r['engines']:>7} {r['gap']:>8.0f} {r['gap_rule_off']:>9.0f} {r['bound']:>8.0f} "
+                f"{'yes' if r['inside_bound'] else 'NO':>6} {r['gap_vs_one_engine']:>5.2f} "
+                f"{r['throughput_vs_rule_off']:>6.3f} {r['taken']:>6} {r['recomputed_share']:>10.1%}"
             )
         return "\n".join(out)

@@ -96,6 +96,7 @@ def test_simulate_is_deterministic_for_a_seed(tmp_path):
         (["simulate", "--workload", "overload", "--replicas", "2", "--shards", "3"], "--shards"),
         (["simulate", "--workload", "overload", "--replicas", "2", "--shards", "2", "--pin", "A=2"], "--pin"),
         (["bench", "shards", "--engines", "4", "--shards", "1,8"], "--engines"),
+        (["simulate", "--workload", "overload", "--threshold", "-5"], "--threshold"),
         (["simulate", "--workload", "overload", "--policy", "rpm:zero"], "rpm"),
         (["simulate"], "--workload"),
         (["bench", "core", "--tenants", "ten"], "--tenants"),

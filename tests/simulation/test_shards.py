@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairgate.loadgen.benches.shards import shard_row
+from fairgate.loadgen.benches.shards import shard_row, threshold_rows
 from fairgate.loadgen.simulator import SimulationConfig, simulate
 from fairgate.loadgen.workloads import overload
 
@@ -30,3 +30,15 @@ def test_without_rounds_a_tenant_reaching_one_shard_gets_only_that_shard_s_share
     service = {name: t["service"] for name, t in alone["tenants"].items()}
     assert service["A"] < 0.4 * service["B"]  # half of one shard of two: a quarter of the fleet
     assert not alone["bound_held"]
+
+
+def test_the_threshold_rule_keeps_the_gap_from_growing_with_the_engines():
+    """overload on 1 and 16 engines: without the rule the gap grows with the fleet (about 16x); with it,
+    at 16 engines it stays within 2x one engine's without it, at the same throughput, the recomputed
+    tokens reported and the stated bound (one engine's, plus twice the threshold) kept."""
+    one, sixteen = threshold_rows((1, 16), 2500.0, 150.0, seed=0)
+    assert sixteen["gap_rule_off"] > 8 * one["gap_rule_off"]
+    assert sixteen["gap"] <= 2 * one["gap_rule_off"]
+    assert sixteen["inside_bound"] and one["inside_bound"]
+    assert sixteen["throughput_vs_rule_off"] >= 0.95
+    assert sixteen["taken"] > 0 and sixteen["recomputed_tokens"] > 0

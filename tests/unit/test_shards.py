@@ -100,3 +100,34 @@ def test_a_tenant_waiting_on_another_shard_is_not_lifted_when_it_joins_this_one(
 def test_the_sharded_bound_adds_twice_one_round_of_the_fleet_s_service():
     assert sharded_bound(1000.0, 50.0, 1) == 1000.0
     assert sharded_bound(1000.0, 50.0, 4) == 1100.0
+
+
+def test_the_threshold_rule_takes_back_the_newest_running_requests_beyond_the_share_of_the_one_ahead():
+    """A ran 6 requests to B's 2 and is more than the threshold ahead while B waits: A's share of the 8
+    running is 4, so its 2 newest are taken back; one round is out at a time."""
+    s = FairScheduler(SchedulerConfig(threshold=1000.0, revoke=False, max_engine_waiting=0))
+    s.worker_join("w", kv_tokens=100_000, max_running=8)
+    for t in ("a", "b"):
+        s.add_tenant(t)
+    placed = []
+    for i in range(6):
+        s.submit(f"a{i}", "a", 100, 100, float(i))
+        placed += s.assign(float(i))
+    for i in range(2):
+        s.submit(f"b{i}", "b", 100, 100, 10.0)
+        placed += s.assign(10.0)
+    s.on_report("w", {a.request.id: 1 for a in placed}, started={a.request.id: 100 for a in placed}, running=8)
+    s.submit("b-waits", "b", 100, 100, 11.0)
+    assert s.assign(11.0) == []  # the batch is full: b waits
+    assert s.preemptions() == []  # a is not yet more than the threshold ahead
+    s.on_report("w", {f"a{i}": 100 for i in range(6)}, running=8)
+    assert s.tenants["a"].counter - s.tenants["b"].counter > 1000
+    assert sorted(s.preemptions()) == [("a4", "w"), ("a5", "w")]
+    assert s.preemptions() == []  # its round is out
+    s.on_finish("a5", 101, "abort", 12.0)
+    s.preemption_answered("a5")
+    assert s.preemptions() == []
+    s.on_finish("a4", 101, "abort", 12.0)
+    s.preemption_answered("a4")
+    s.on_report("w", {}, running=6)
+    assert [a.request.id for a in s.assign(12.0)] == ["b-waits"]
