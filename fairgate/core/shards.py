@@ -47,28 +47,40 @@ class FigureSource(Protocol):
 
 
 class ShardView:
-    """One shard's side of the rounds: what it changed since the fleet's last figures it adopted."""
+    """One shard's side of the rounds: its own changes not sent yet, measured from the figures it last
+    had after sending or adopting. A shard may adopt several times between two sends (the fleet's
+    figures arriving in parts): its unsent changes stay on top of each."""
 
     def __init__(self, scheduler: FigureSource) -> None:
         self._scheduler = scheduler
-        self._base: dict[str, Figures] = {}  # the fleet's figures as of the last round adopted
-        self._sent: dict[str, Figures] = {}  # this shard's figures when it sent its last changes
+        self._known: dict[str, Figures] = {}  # the scheduler's figures when last sent or adopted
+        self._unsent: dict[str, Figures] = {}  # this shard's own changes since its last send
 
     def changes(self) -> dict[str, Figures]:
-        """This shard's changes since the last round, for every shard (itself included) to combine."""
-        now = self._scheduler.member_figures()
-        self._sent = now
-        base = self._base
-        return {key: _minus(v, base.get(key, ZERO)) for key, v in now.items() if v != base.get(key, ZERO)}
+        """This shard's changes since its last send, for every shard (itself included) to combine."""
+        self._note_own()
+        out = {key: f for key, f in self._unsent.items() if f != ZERO}
+        self._unsent = {}
+        return out
 
     def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str]) -> None:
-        """Take the fleet's figures of the round, keeping what this shard changed since it sent its
-        changes; ``waiting_elsewhere``: the tenants other shards hold waiting requests of (one that
-        joins this shard's queue is not lifted: it waited all along)."""
-        now, sent = self._scheduler.member_figures(), self._sent
-        view = {key: _plus(f, _minus(now[key], sent.get(key, ZERO))) if key in now else f for key, f in fleet.items()}
+        """Take the fleet's figures, with this shard's changes not sent yet on top; ``waiting_elsewhere``:
+        the tenants other shards hold waiting requests of (one that joins this shard's queue is not
+        lifted: it waited all along)."""
+        self._note_own()
+        unsent = self._unsent
+        view = {key: _plus(f, unsent[key]) if key in unsent else f for key, f in fleet.items()}
         self._scheduler.adopt_figures(view, waiting_elsewhere)
-        self._base = {key: fleet[key] for key in fleet if key in now}  # members this shard does not have: from 0
+        self._known = self._scheduler.member_figures()
+
+    def _note_own(self) -> None:
+        """Add what the scheduler changed since the figures were last known to the unsent changes."""
+        now, known, unsent = self._scheduler.member_figures(), self._known, self._unsent
+        for key, f in now.items():
+            before = known.get(key, ZERO)
+            if f != before:
+                unsent[key] = _plus(unsent.get(key, ZERO), _minus(f, before))
+        self._known = now
 
 
 def deal(counts: Sequence[int], shares: Sequence[float]) -> list[tuple[int, int, int]]:

@@ -131,3 +131,51 @@ def test_the_threshold_rule_takes_back_the_newest_running_requests_beyond_the_sh
     s.preemption_answered("a4")
     s.on_report("w", {}, running=6)
     assert [a.request.id for a in s.assign(12.0)] == ["b-waits"]
+
+
+class _Figures:
+    """A shard's figures alone (the FigureSource a scheduler is): charges add to service and counter."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, tuple[float, float, float]] = {}
+
+    def charge(self, key: str, amount: float) -> None:
+        s, c, lifted = self.figures.get(key, (0.0, 0.0, 0.0))
+        self.figures[key] = (s + amount, c + amount, lifted)
+
+    def member_figures(self):
+        return dict(self.figures)
+
+    def adopt_figures(self, figures, waiting_elsewhere) -> None:
+        self.figures.update(figures)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["charge", "send", "adopt"]), st.integers(0, 2), st.sampled_from(["t/a", "t/b"])),
+        max_size=60,
+    )
+)
+def test_sends_and_adopts_in_any_order_lose_no_charge_and_count_none_twice(ops):
+    """Shards send their changes to the fleet's figures and adopt them whenever they like, several
+    adopts between two sends included (the fleet's figures arriving in parts): once every shard has
+    sent and adopted, each sees every charge of every shard exactly once."""
+    sources = [_Figures() for _ in range(3)]
+    views = [ShardView(s) for s in sources]
+    fleet: dict = {}
+    total = {"t/a": 0.0, "t/b": 0.0}
+    for i, (op, k, key) in enumerate(ops):
+        if op == "charge":
+            sources[k].charge(key, float(i + 1))
+            total[key] += i + 1
+        elif op == "send":
+            fleet = combine(fleet, [views[k].changes()])
+        else:
+            views[k].adopt(fleet, ())
+    for view in views:
+        fleet = combine(fleet, [view.changes()])
+    for view, source in zip(views, sources, strict=True):
+        view.adopt(fleet, ())
+        for key, amount in total.items():
+            assert source.figures.get(key, (0.0, 0.0, 0.0))[:2] == (amount, amount)
