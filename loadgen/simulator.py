@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field, fields
 
@@ -370,6 +371,56 @@ class Simulation:
             )
             if reason is not None:
                 rec.on_reject(rid, self.now, sched.fits_now(r.prompt_tokens, asked))
+
+    def exchange(self) -> None:
+        """A round of the shards now (each also runs every ``tau_s``)."""
+        self._round()
+
+    def restart_shard(self, k: int) -> None:
+        """Shard ``k``'s dispatcher is lost and restarts from its durable state (as written when it was
+        lost, with its rounds' state). Its engines go on: they re-announce what runs there, and the
+        callers of what waited there (or was assigned and had not started) ask again."""
+        old = self.shards[k]
+        state = json.loads(json.dumps(old.durable_state()))
+        new = FairScheduler(old.config)
+        new.restore_durable(state)
+        max_loras = self.config.adapters.max_loras if self.config.adapters and self.config.sees_adapters else None
+        again = []
+        for i, wid in enumerate(self.worker_ids):
+            if self._shard_of[i] != k:
+                continue
+            engine = self.engines[i]
+            new.worker_join(
+                wid, self.kv_tokens, self.config.max_running, watermark=engine.watermark_tokens, max_loras=max_loras
+            )
+            for r in old.in_flight().values():
+                if r.worker != wid:
+                    continue
+                if not r.started and engine.revoke(r.id):  # it never reached the engine's batch: asked again
+                    again.append(r)
+                    continue
+                out = engine.output_of(r.id)  # the engine started it: it re-announces it
+                if out is not None:
+                    new.adopt(wid, r.id, r.tenant, r.prompt_tokens, r.max_tokens, out, self.now, adapter=r.adapter)
+        again += [r for t in old.tenants.values() for r in t.queue]
+        for r in sorted(again, key=lambda r: r.seq):
+            reason = new.submit(
+                r.id,
+                r.tenant,
+                r.prompt_tokens,
+                r.max_tokens,
+                r.arrival,
+                r.true_output,
+                True,
+                r.prefix,
+                r.block_tokens,
+                "",
+                r.adapter,
+            )
+            if reason is not None:
+                self.recorder.on_reject(r.id, self.now, False)
+        self.shards[k] = new
+        self._views[k].attach(new)
 
     def _shard_for(self, tenant: str) -> FairScheduler:
         """The shard an arrival reaches: its tenant's, if pinned, else the next in turn."""

@@ -73,6 +73,11 @@ class ShardView:
         self._scheduler.adopt_figures(view, waiting_elsewhere)
         self._known = self._scheduler.member_figures()
 
+    def attach(self, scheduler: FigureSource) -> None:
+        """A restarted shard's scheduler, restored with the figures this one had: the rounds' state
+        (what was known, what was not sent yet) is kept with its durable state."""
+        self._scheduler = scheduler
+
     def _note_own(self) -> None:
         """Add what the scheduler changed since the figures were last known to the unsent changes."""
         now, known, unsent = self._scheduler.member_figures(), self._known, self._unsent

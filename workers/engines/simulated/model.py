@@ -174,6 +174,11 @@ class SimulatedEngine:
             self._forget(req, "abort", self._finished_outside_step)
         return True
 
+    def output_of(self, request_id: str) -> int | None:
+        """Output tokens a request this engine holds has generated (None: not here)."""
+        req = self._by_id.get(request_id)
+        return None if req is None or req.aborted else req.generated
+
     def revoke(self, request_id: str) -> bool:
         """Take back a request this engine holds but has never started: it leaves the waiting queue at
         once and never runs here; the caller reports it (no step does). False when it started (a
