@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from fairgate.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairSchedule
 from fairgate.core.fairness import backlogged_gap
 from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
+from fairgate.core.shards import Figures, ShardSender, ShardView
 from fairgate.core.wait_prediction import ObjectiveMiss
 from fairgate.dispatcher.metrics import Histogram
 from fairgate.dispatcher.report_pace import ReportPace
@@ -132,6 +133,7 @@ class DispatcherService:
         self.worker_messages = 0  # hellos, step reports and goodbyes received (load tests read it)
         self._pace = ReportPace(clock())  # what the workers were last told
         self._pass_due = False  # an assignment pass is scheduled for the end of this turn of the loop
+        self._shard = ShardSender(ShardView(self.scheduler))  # its side of the rounds, when it is a shard
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,6 +162,20 @@ class DispatcherService:
         """Continue from a durable state (a restart): requests the dispatcher before assigned after
         it was saved and that ended meanwhile are settled when their workers re-announce them."""
         self.scheduler.restore_durable(saved, now=self._clock())
+        # as a shard: the restored figures are taken as the fleet's (what it had not sent since its last
+        # round is not in them; the rounds' state is not written with the durable state yet)
+        self._shard = ShardSender(ShardView(self.scheduler, known=True))
+
+    # ------------------------------------------------------------------ shards (fairgate.core.shards)
+
+    def round_batches(self) -> tuple[list[tuple[int, dict[str, Figures]]], list[str]]:
+        """This shard's part of a round: its change batches not yet combined, and the tenants waiting here."""
+        return self._shard.batches(), self.scheduler.waiting_tenants()
+
+    def round_adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
+        """The fleet's figures after a round (this shard's batches up to ``combined`` in them)."""
+        self._shard.adopt(fleet, waiting_elsewhere, combined)
+        self._assign_soon()
 
     # ------------------------------------------------------------------ ingress API
 

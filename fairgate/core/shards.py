@@ -51,9 +51,11 @@ class ShardView:
     had after sending or adopting. A shard may adopt several times between two sends (the fleet's
     figures arriving in parts): its unsent changes stay on top of each."""
 
-    def __init__(self, scheduler: FigureSource) -> None:
+    def __init__(self, scheduler: FigureSource, known: bool = False) -> None:
+        """``known``: the scheduler's figures now are already the fleet's (a restored shard's)."""
         self._scheduler = scheduler
-        self._known: dict[str, Figures] = {}  # the scheduler's figures when last sent or adopted
+        # the scheduler's figures when last sent or adopted
+        self._known: dict[str, Figures] = scheduler.member_figures() if known else {}
         self._unsent: dict[str, Figures] = {}  # this shard's own changes since its last send
 
     def changes(self) -> dict[str, Figures]:
@@ -86,6 +88,56 @@ class ShardView:
             if f != before:
                 unsent[key] = _plus(unsent.get(key, ZERO), _minus(f, before))
         self._known = now
+
+
+class ShardSender:
+    """A shard's side of rounds over links that may lose a reply: its changes in numbered batches, each
+    kept until the fleet's figures it adopts say that batch was combined (so a batch sent twice is
+    combined once, and a batch whose round was lost goes in the next)."""
+
+    def __init__(self, view: ShardView) -> None:
+        self._view = view
+        self._seq = 0
+        self._unacked: list[tuple[int, dict[str, Figures]]] = []
+
+    def batches(self) -> list[tuple[int, dict[str, Figures]]]:
+        """Every batch not yet combined, this round's changes the last."""
+        changes = self._view.changes()
+        if changes:
+            self._seq += 1
+            self._unacked.append((self._seq, changes))
+        return list(self._unacked)
+
+    def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
+        """The fleet's figures, which include this shard's batches up to number ``combined``."""
+        self._unacked = [(n, batch) for n, batch in self._unacked if n > combined]
+        self._view.adopt(fleet, waiting_elsewhere)
+
+
+class FleetFigures:
+    """The fleet's figures as the rounds' runner keeps them: each shard's batches combined once, in
+    the order the shard numbered them; within a round, each shard's batches add up (its own lifts came
+    one after another), and the shards' changes combine by ``combine``."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, Figures] = {}
+        self.combined: dict[str, int] = {}  # shard -> the last batch number combined
+
+    def round(self, sent: Mapping[str, Sequence[tuple[int, Mapping[str, Figures]]]]) -> None:
+        """Combine what each shard (by name) sent this round that was not combined before."""
+        changes = []
+        for shard, batches in sent.items():
+            done = self.combined.get(shard, 0)
+            fresh = [(n, batch) for n, batch in batches if n > done]
+            if not fresh:
+                continue
+            merged: dict[str, Figures] = {}
+            for _, batch in fresh:
+                for key, f in batch.items():
+                    merged[key] = _plus(merged.get(key, ZERO), f)
+            changes.append(merged)
+            self.combined[shard] = max(n for n, _ in fresh)
+        self.figures = combine(self.figures, changes)
 
 
 def deal(counts: Sequence[int], shares: Sequence[float]) -> list[tuple[int, int, int]]:

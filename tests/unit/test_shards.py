@@ -179,3 +179,38 @@ def test_sends_and_adopts_in_any_order_lose_no_charge_and_count_none_twice(ops):
         view.adopt(fleet, ())
         for key, amount in total.items():
             assert source.figures.get(key, (0.0, 0.0, 0.0))[:2] == (amount, amount)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["charge", "round"]), st.integers(0, 2), st.booleans(), st.booleans()),
+        max_size=50,
+    )
+)
+def test_rounds_whose_answers_or_replies_are_lost_count_every_charge_once(ops):
+    """A round may lose a shard's answer (its batches go in a later round) or the fleet's reply to it
+    (it sends those batches again; they are combined once): once rounds go through, every shard sees
+    every charge exactly once."""
+    from fairgate.core.shards import FleetFigures, ShardSender
+
+    sources = [_Figures() for _ in range(3)]
+    senders = [ShardSender(ShardView(s)) for s in sources]
+    fleet = FleetFigures()
+    total = 0.0
+    for i, (op, k, answer_lost, reply_lost) in enumerate(ops):
+        if op == "charge":
+            sources[k].charge("t/a", float(i + 1))
+            total += i + 1
+            continue
+        sent = {str(j): s.batches() for j, s in enumerate(senders) if not (j == k and answer_lost)}
+        fleet.round(sent)
+        for j, sender in enumerate(senders):
+            if str(j) in sent and not (j == k and reply_lost):
+                sender.adopt(fleet.figures, (), fleet.combined.get(str(j), 0))
+    for _ in range(2):  # rounds that go through
+        fleet.round({str(j): s.batches() for j, s in enumerate(senders)})
+        for j, sender in enumerate(senders):
+            sender.adopt(fleet.figures, (), fleet.combined.get(str(j), 0))
+    for source in sources:
+        assert source.figures.get("t/a", (0.0, 0.0, 0.0))[:2] == (total, total)

@@ -1,0 +1,93 @@
+"""The rounds between dispatcher shards, live: every ``tau`` each shard's change batches are asked for,
+combined once (``fairgate.core.shards.FleetFigures``), and the fleet's figures sent back to every shard
+with what of it was combined. A shard that does not answer within the round is left out of it: its
+batches stay with it and go in a later round, so its charges are late, never lost or counted twice.
+
+A shard is anything with the two calls of ``ShardEndpoint``: a dispatcher in this process
+(``LocalShard``), or a dispatcher actor's handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from fairgate.common.waits import within
+from fairgate.core.shards import Figures, FleetFigures
+from fairgate.dispatcher.service import DispatcherService
+
+log = logging.getLogger(__name__)
+
+Batches = list[tuple[int, dict[str, Figures]]]
+
+
+class ShardEndpoint(Protocol):
+    name: str
+
+    async def batches(self) -> tuple[Batches, list[str]]:
+        """Its change batches not yet combined, and the tenants waiting there."""
+        ...
+
+    async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None: ...
+
+
+class LocalShard:
+    """A dispatcher shard in this process."""
+
+    def __init__(self, name: str, service: DispatcherService) -> None:
+        self.name = name
+        self._service = service
+
+    async def batches(self) -> tuple[Batches, list[str]]:
+        return self._service.round_batches()
+
+    async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
+        self._service.round_adopt(fleet, waiting_elsewhere, combined)
+
+
+class FleetRounds:
+    """Runs the rounds of ``shards`` every ``tau_s``; a shard's answer is waited for ``timeout_s``."""
+
+    def __init__(self, shards: Sequence[ShardEndpoint], tau_s: float = 0.05, timeout_s: float = 1.0) -> None:
+        self.shards = list(shards)
+        self.tau_s = tau_s
+        self.timeout_s = timeout_s
+        self.fleet = FleetFigures()
+        self.rounds = 0
+        self.left_out = 0  # shards' answers missing from a round, in all
+
+    async def round(self) -> None:
+        """One round: ask, combine, send back."""
+        answers = await asyncio.gather(
+            *(within(s.batches(), self.timeout_s) for s in self.shards), return_exceptions=True
+        )
+        sent, waiting = {}, {}
+        for shard, answer in zip(self.shards, answers, strict=True):
+            if isinstance(answer, BaseException):
+                self.left_out += 1
+                log.warning("shard rounds: %s did not answer (%r); left out of this round", shard.name, answer)
+                continue
+            sent[shard.name], waiting[shard.name] = answer
+        self.fleet.round(sent)
+        figures = self.fleet.figures
+        replies = []
+        for shard in self.shards:
+            if shard.name not in sent:
+                continue
+            elsewhere = {t for name, tenants in waiting.items() if name != shard.name for t in tenants}
+            combined = self.fleet.combined.get(shard.name, 0)
+            replies.append(within(shard.adopt(figures, elsewhere, combined), self.timeout_s))
+        for result in await asyncio.gather(*replies, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("shard rounds: a shard did not take the fleet's figures (%r)", result)
+        self.rounds += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until ``stop`` is set."""
+        while not stop.is_set():
+            await self.round()
+            with contextlib.suppress(TimeoutError):
+                await within(stop.wait(), self.tau_s)

@@ -1,0 +1,88 @@
+"""Two dispatcher shards on loopback, each with a simulated worker on its real gRPC stream, their rounds
+run live (``dispatcher/shard_rounds.py``): one tenant's requests reach one shard only, another's both;
+each shard charges what its own worker serves, and after the rounds both shards' counters hold every
+token each tenant was served, once, with rounds whose answers or replies were lost on the way."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fairgate.core import SchedulerConfig
+from fairgate.dispatcher.service import DispatcherService
+from fairgate.dispatcher.shard_rounds import FleetRounds, LocalShard
+from fairgate.workers.engines.simulated import SimulatedEngine
+from fairgate.workers.engines.simulated.runner import SimulatedRunner
+from fairgate.workers.worker import Worker
+
+from ..waiting import eventually
+from .test_grpc_services import FAST, SECRET, generate
+
+
+class FlakyShard(LocalShard):
+    """A shard whose answers to the next ``lose`` rounds are lost on the way (after it gave them), and
+    the fleet's replies to it in the ``drop`` rounds after (before it took them)."""
+
+    lose = drop = 0
+
+    async def batches(self):
+        answer = await super().batches()
+        if self.lose:
+            self.lose -= 1
+            raise ConnectionError("the answer was lost")
+        return answer
+
+    async def adopt(self, fleet, waiting_elsewhere, combined):
+        if self.drop:
+            self.drop -= 1
+            raise ConnectionError("the reply was lost")
+        await super().adopt(fleet, waiting_elsewhere, combined)
+
+
+def test_two_live_shards_charge_their_own_workers_and_agree_on_every_tenant_s_counters():
+    async def scenario():
+        services, workers = [], []
+        for k in range(2):
+            service = DispatcherService(SchedulerConfig(), SECRET)
+            for tenant in ("A", "B"):  # every shard knows the tenants (the gateway's registry names them)
+                service.scheduler.add_tenant(tenant)
+            address = await service.start()
+            worker = Worker(f"w{k}", address, SECRET, SimulatedRunner(SimulatedEngine(4000, FAST)))
+            await worker.start()
+            services.append(service)
+            workers.append(worker)
+        for service in services:
+            await eventually(lambda service=service: len(service.scheduler.workers) == 1)
+        shards = [LocalShard("0", services[0]), FlakyShard("1", services[1])]
+        rounds = FleetRounds(shards, tau_s=0.02, timeout_s=1.0)
+        stop = asyncio.Event()
+        running = asyncio.create_task(rounds.run(stop))
+        served = {"A": 0.0, "B": 0.0}
+        cost = services[0].scheduler.ledger.cost_between
+
+        async def one(k: int, rid: str, tenant: str, tokens: int) -> None:
+            placed = await services[k].submit(rid, tenant, 10, tokens)
+            chunks = await generate(placed, "hi " * 10, tokens)
+            assert chunks[-1].completion_tokens == tokens
+            served[tenant] += cost(None, (10, tokens))
+
+        jobs = [one(0, f"a{i}", "A", 5 + i) for i in range(8)]  # A reaches shard 0 only
+        jobs += [one(i % 2, f"b{i}", "B", 3 + i) for i in range(8)]  # B both
+        shards[1].lose, shards[1].drop = 3, 3
+        await asyncio.gather(*jobs)
+        await eventually(lambda: all(not s.scheduler.in_flight() for s in services))
+        await eventually(lambda: shards[1].lose == shards[1].drop == 0)
+        done = rounds.rounds
+        await eventually(lambda: rounds.rounds >= done + 2)  # rounds after the last charge went through
+        stop.set()
+        await running
+        assert rounds.left_out >= 3
+        for service in services:
+            for tenant, total in served.items():
+                assert abs(service.scheduler.tenants[tenant].service - total) < 1e-6, (tenant, service.id)
+        assert services[1].scheduler.tenants["A"].service > 0  # learned from the other shard only
+        for w in workers:
+            await w.stop()
+        for s in services:
+            await s.stop()
+
+    asyncio.run(scenario())
