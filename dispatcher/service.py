@@ -56,6 +56,15 @@ class Rejected(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Redirected(Exception):
+    """A waiting request was dealt to another dispatcher shard (``shard``): its caller asks that one,
+    with the same id (``retry``), where it waits without being lifted (it waited all along)."""
+
+    def __init__(self, shard: str) -> None:
+        super().__init__(f"dealt to shard {shard}")
+        self.shard = shard
+
+
 def rejected(reason: str, refusal: Refusal | None, shed: ObjectiveMiss | None = None) -> Rejected:
     """The refusal for ``reason``, with the quota's own words when a quota refused it, and the
     objective's when its class shed it (retry once the predicted wait has passed)."""
@@ -168,9 +177,29 @@ class DispatcherService:
 
     # ------------------------------------------------------------------ shards (fairgate.core.shards)
 
-    def round_batches(self) -> tuple[list[tuple[int, dict[str, Figures]]], list[str]]:
-        """This shard's part of a round: its change batches not yet combined, and the tenants waiting here."""
-        return self._shard.batches(), self.scheduler.waiting_tenants()
+    def round_batches(self) -> tuple[list[tuple[int, dict[str, Figures]]], dict[str, int], int]:
+        """This shard's part of a round: its change batches not yet combined, how many requests of each
+        tenant wait here, and its workers taking work (its capacity)."""
+        waiting = {name: len(reqs) for name, reqs in self.scheduler.waiting_requests().items()}
+        return self._shard.batches(), waiting, len(self.scheduler.workers.taking_work)
+
+    def hand_over(self, tenant: str, count: int, to: str) -> int:
+        """Deal up to ``count`` of ``tenant``'s waiting requests, the newest, to shard ``to``: each
+        leaves this queue and its caller is told to ask there. Returns how many went (one whose caller
+        has not asked again since a worker loss stays)."""
+        moved = 0
+        for req in reversed(self.scheduler.waiting_requests().get(tenant, [])):
+            if moved == count:
+                break
+            future = self._pending.get(req.id)
+            if future is None or future.done() or self._orphans.get(req.id) is future:
+                continue
+            if self.scheduler.hand_over(req.id) is None:
+                continue
+            del self._pending[req.id]
+            future.set_exception(Redirected(to))
+            moved += 1
+        return moved
 
     def round_adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
         """The fleet's figures after a round (this shard's batches up to ``combined`` in them)."""

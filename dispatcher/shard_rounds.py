@@ -2,6 +2,8 @@
 combined once (``fairgate.core.shards.FleetFigures``), and the fleet's figures sent back to every shard
 with what of it was combined. A shard that does not answer within the round is left out of it: its
 batches stay with it and go in a later round, so its charges are late, never lost or counted twice.
+Then each tenant's waiting requests are dealt over the shards that answered, by their capacity
+(``fairgate.core.shards.deal``): a shard hands the newest over, and their callers ask the other.
 
 A shard is anything with the two calls of ``ShardEndpoint``: a dispatcher in this process
 (``LocalShard``), or a dispatcher actor's handle.
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from fairgate.common.waits import within
-from fairgate.core.shards import Figures, FleetFigures
+from fairgate.core.shards import Figures, FleetFigures, deal
 from fairgate.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
@@ -27,11 +29,15 @@ Batches = list[tuple[int, dict[str, Figures]]]
 class ShardEndpoint(Protocol):
     name: str
 
-    async def batches(self) -> tuple[Batches, list[str]]:
-        """Its change batches not yet combined, and the tenants waiting there."""
+    async def batches(self) -> tuple[Batches, dict[str, int], int]:
+        """Its change batches not yet combined, its waiting requests per tenant, its capacity (workers)."""
         ...
 
     async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None: ...
+
+    async def hand_over(self, tenant: str, count: int, to: str) -> int:
+        """Deal up to ``count`` of the tenant's waiting requests to shard ``to``; how many went."""
+        ...
 
 
 class LocalShard:
@@ -41,11 +47,14 @@ class LocalShard:
         self.name = name
         self._service = service
 
-    async def batches(self) -> tuple[Batches, list[str]]:
+    async def batches(self) -> tuple[Batches, dict[str, int], int]:
         return self._service.round_batches()
 
     async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
         self._service.round_adopt(fleet, waiting_elsewhere, combined)
+
+    async def hand_over(self, tenant: str, count: int, to: str) -> int:
+        return self._service.hand_over(tenant, count, to)
 
 
 class FleetRounds:
@@ -58,19 +67,20 @@ class FleetRounds:
         self.fleet = FleetFigures()
         self.rounds = 0
         self.left_out = 0  # shards' answers missing from a round, in all
+        self.dealt = 0  # waiting requests handed to another shard, in all
 
     async def round(self) -> None:
         """One round: ask, combine, send back."""
         answers = await asyncio.gather(
             *(within(s.batches(), self.timeout_s) for s in self.shards), return_exceptions=True
         )
-        sent, waiting = {}, {}
+        sent, waiting, capacity = {}, {}, {}
         for shard, answer in zip(self.shards, answers, strict=True):
             if isinstance(answer, BaseException):
                 self.left_out += 1
                 log.warning("shard rounds: %s did not answer (%r); left out of this round", shard.name, answer)
                 continue
-            sent[shard.name], waiting[shard.name] = answer
+            sent[shard.name], waiting[shard.name], capacity[shard.name] = answer
         self.fleet.round(sent)
         figures = self.fleet.figures
         replies = []
@@ -83,7 +93,23 @@ class FleetRounds:
         for result in await asyncio.gather(*replies, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("shard rounds: a shard did not take the fleet's figures (%r)", result)
+        await self._deal(waiting, capacity)
         self.rounds += 1
+
+    async def _deal(self, waiting: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> None:
+        """Each tenant's waiting requests over the shards that answered, by their capacity."""
+        answered = [s for s in self.shards if s.name in waiting]
+        shares = [capacity[s.name] for s in answered]
+        moves = []
+        for tenant in {t for counts in waiting.values() for t in counts}:
+            counts = [waiting[s.name].get(tenant, 0) for s in answered]
+            for src, dst, n in deal(counts, shares):
+                moves.append(within(answered[src].hand_over(tenant, n, answered[dst].name), self.timeout_s))
+        for result in await asyncio.gather(*moves, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("shard rounds: a shard did not hand requests over (%r)", result)
+            else:
+                self.dealt += result
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop`` is set."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from fairgate.core import SchedulerConfig
-from fairgate.dispatcher.service import DispatcherService
+from fairgate.dispatcher.service import DispatcherService, Redirected
 from fairgate.dispatcher.shard_rounds import FleetRounds, LocalShard
 from fairgate.workers.engines.simulated import SimulatedEngine
 from fairgate.workers.engines.simulated.runner import SimulatedRunner
@@ -83,6 +83,62 @@ def test_two_live_shards_charge_their_own_workers_and_agree_on_every_tenant_s_co
         for w in workers:
             await w.stop()
         for s in services:
+            await s.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_tenant_reaching_one_shard_is_dealt_to_the_other_and_served_by_both_workers():
+    """Every request of A reaches shard 0, whose worker runs few at once; the rounds deal A's waiting
+    requests to shard 1 (their callers are told to ask there), so both workers serve A; each request
+    runs once, whole, and both shards agree on A's service."""
+
+    async def scenario():
+        services, workers = {}, []
+        for k in range(2):
+            service = DispatcherService(SchedulerConfig(max_engine_waiting=0), SECRET)
+            service.scheduler.add_tenant("A")
+            address = await service.start()
+            worker = Worker(f"w{k}", address, SECRET, SimulatedRunner(SimulatedEngine(400, FAST)))
+            await worker.start()
+            services[str(k)] = service
+            workers.append(worker)
+        for service in services.values():
+            await eventually(lambda service=service: len(service.scheduler.workers) == 1)
+        rounds = FleetRounds([LocalShard(name, s) for name, s in services.items()], tau_s=0.02)
+        stop = asyncio.Event()
+        running = asyncio.create_task(rounds.run(stop))
+        cost = services["0"].scheduler.ledger.cost_between
+        served = 0.0
+
+        async def one(rid: str) -> None:
+            nonlocal served
+            shard, retry = "0", False
+            while True:
+                try:
+                    placed = await services[shard].submit(rid, "A", 10, 30, retry=retry)
+                    break
+                except Redirected as redirected:  # dealt to the other shard: ask it, same id
+                    shard, retry = redirected.shard, True
+            chunks = await generate(placed, "hi " * 10, 30)
+            assert chunks[-1].completion_tokens == 30
+            served += cost(None, (10, 30))
+
+        await asyncio.gather(*(one(f"a{i}") for i in range(24)))
+        await eventually(lambda: all(not s.scheduler.in_flight() for s in services.values()))
+        done = rounds.rounds
+        await eventually(lambda: rounds.rounds >= done + 2)
+        stop.set()
+        await running
+        assert rounds.dealt > 0
+        ran = [{rid for rid in w.generated if rid.startswith("a")} for w in workers]
+        assert ran[0] and ran[1] and not ran[0] & ran[1]  # both served A; none ran on both
+        assert all(n == 1 for w in workers for n in w.generated.values())
+        for service in services.values():
+            assert abs(service.scheduler.tenants["A"].service - served) < 1e-6
+        for w in workers:
+            await w.stop()
+        for s in services.values():
             await s.stop()
 
     asyncio.run(scenario())
