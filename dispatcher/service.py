@@ -34,7 +34,7 @@ from fairgate.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairSchedule
 from fairgate.core.fairness import backlogged_gap
 from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
-from fairgate.core.shards import Figures, ShardSender, ShardView
+from fairgate.core.shards import Figures, ShardSender
 from fairgate.core.wait_prediction import ObjectiveMiss
 from fairgate.dispatcher.metrics import Histogram
 from fairgate.dispatcher.report_pace import ReportPace
@@ -142,7 +142,7 @@ class DispatcherService:
         self.worker_messages = 0  # hellos, step reports and goodbyes received (load tests read it)
         self._pace = ReportPace(clock())  # what the workers were last told
         self._pass_due = False  # an assignment pass is scheduled for the end of this turn of the loop
-        self._shard = ShardSender(ShardView(self.scheduler))  # its side of the rounds, when it is a shard
+        self._shard = ShardSender(self.scheduler)  # its side of the rounds, when it is a shard
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -173,22 +173,21 @@ class DispatcherService:
         self.scheduler.restore_durable(saved, now=self._clock())
         # as a shard: the restored figures are taken as the fleet's (what it had not sent since its last
         # round is not in them; the rounds' state is not written with the durable state yet)
-        self._shard = ShardSender(ShardView(self.scheduler, known=True))
+        self._shard = ShardSender(self.scheduler, known=True)
 
     # ------------------------------------------------------------------ shards (fairgate.core.shards)
 
     def round_batches(self) -> tuple[list[tuple[int, dict[str, Figures]]], dict[str, int], int]:
         """This shard's part of a round: its change batches not yet combined, how many requests of each
         tenant wait here, and its workers taking work (its capacity)."""
-        waiting = {name: len(reqs) for name, reqs in self.scheduler.waiting_requests().items()}
-        return self._shard.batches(), waiting, len(self.scheduler.workers.taking_work)
+        return self._shard.batches(), self.scheduler.waiting_counts(), len(self.scheduler.workers.taking_work)
 
     def hand_over(self, tenant: str, count: int, to: str) -> int:
         """Deal up to ``count`` of ``tenant``'s waiting requests, the newest, to shard ``to``: each
         leaves this queue and its caller is told to ask there. Returns how many went (one whose caller
         has not asked again since a worker loss stays)."""
         moved = 0
-        for req in reversed(self.scheduler.waiting_requests().get(tenant, [])):
+        for req in reversed(self.scheduler.queued(tenant)):
             if moved == count:
                 break
             future = self._pending.get(req.id)
@@ -537,7 +536,6 @@ class DispatcherService:
         if kind == "report":
             r = msg.report
             in_flight = s.in_flight()
-
             for rid in r.arrived:  # held by its engine: its ticket's expiry no longer frees it
                 req = in_flight.get(rid)
                 if req is not None and not req.started and req.worker == worker_id:

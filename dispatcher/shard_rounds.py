@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from fairgate.common.waits import within
-from fairgate.core.shards import Figures, FleetFigures, deal
+from fairgate.core.shards import Figures, FleetFigures, deals
 from fairgate.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
@@ -99,12 +99,10 @@ class FleetRounds:
     async def _deal(self, waiting: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> None:
         """Each tenant's waiting requests over the shards that answered, by their capacity."""
         answered = [s for s in self.shards if s.name in waiting]
-        shares = [capacity[s.name] for s in answered]
-        moves = []
-        for tenant in {t for counts in waiting.values() for t in counts}:
-            counts = [waiting[s.name].get(tenant, 0) for s in answered]
-            for src, dst, n in deal(counts, shares):
-                moves.append(within(answered[src].hand_over(tenant, n, answered[dst].name), self.timeout_s))
+        moves = [
+            within(answered[src].hand_over(tenant, n, answered[dst].name), self.timeout_s)
+            for tenant, src, dst, n in deals([waiting[s.name] for s in answered], [capacity[s.name] for s in answered])
+        ]
         for result in await asyncio.gather(*moves, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("shard rounds: a shard did not hand requests over (%r)", result)

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, fields
 from tqdm import tqdm
 
 from fairgate.common.prefix_hashes import for_adapter
-from fairgate.core import FairScheduler, SchedulerConfig, make_policy
+from fairgate.core import FairScheduler, Request, SchedulerConfig, make_policy
 from fairgate.core.classes import default_class, leaf_name
 from fairgate.core.costs import CostFunction, LinearCost
 from fairgate.core.reasons import FINISH_REVOKED
-from fairgate.core.shards import Figures, ShardView, combine, deal, sharded_bound
+from fairgate.core.shards import FleetFigures, ShardSender, deals, sharded_bound
 from fairgate.loadgen.metrics import RunSummary, ServiceRecorder, Siblings, summarize
 from fairgate.loadgen.workload import TraceRequest, Workload
 from fairgate.workers.engines.interface import StepReport
@@ -140,15 +140,14 @@ class Simulation:
             self.shards[self._shard_of[i]].worker_join(
                 wid, self.kv_tokens, config.max_running, watermark=engine.watermark_tokens, max_loras=max_loras
             )
-        self._views = [ShardView(shard) for shard in self.shards]
-        self._fleet: dict[str, Figures] = {}  # the fleet's figures as of the last round
+        self._senders = [ShardSender(shard) for shard in self.shards]
+        self._fleet = FleetFigures()  # the same rounds as live shards', without a lost message
         self._capacity = [self._shard_of.count(k) for k in range(config.shards)]
         self._next_round = config.tau_s if config.shards > 1 else math.inf
         self._served_at_round = 0.0
         self.round_service = 0.0  # the most the fleet served between two rounds (the bound's staleness term)
         self.moved = 0  # waiting requests dealt to another shard
         self._next_shard = 0  # the shard the next unpinned arrival reaches
-        self._taking: set[str] = set()  # running requests the threshold rule stops, not reported stopped yet
         self._generated: dict[str, int] = {}  # output tokens of a request's earlier runs (taken back)
         self.recomputed_tokens = 0  # prefilled again: the threshold rule's continuations
         tenants = workload.tenants
@@ -177,7 +176,7 @@ class Simulation:
         if len(self.shards) != 1:
             raise ValueError("a sharded run's schedulers are replaced shard by shard")
         self.shards[0] = restored
-        self._views = [ShardView(restored)]
+        self._senders = [ShardSender(restored)]
 
     @property
     def horizon(self) -> float:
@@ -289,7 +288,8 @@ class Simulation:
             report = engine.end_step()
             ended = []
             for done in report.finished:
-                if done.reason != FINISH_REVOKED and done.id not in self._taking:  # one taken back has not ended
+                taken = done.reason == FINISH_REVOKED or self.shards[self._shard_of[i]].taking_back(done.id)
+                if not taken:  # one taken back (unstarted, or running by the threshold rule) has not ended
                     self._send_next(done.id)  # its client has its answer, whenever the dispatcher hears
                     ended.append(done.id)
             rec.on_step(self.now, report.started, report.new_tokens, ended, report.cached)
@@ -321,8 +321,9 @@ class Simulation:
             kv_events=report.kv_events,
         )
         for done in report.finished:
+            taken = sched.taking_back(done.id)
             sched.on_finish(done.id, done.output_tokens, done.reason, self.now)
-            if done.id in self._taking:
+            if taken:
                 self._continue(sched, done.id, done.output_tokens)
         if self.config.report_interval_s:  # what the dispatcher heard of late: the service it accounted
             self._largest_report[i] = max(self._largest_report[i], sched.ledger.total - served)
@@ -404,23 +405,9 @@ class Simulation:
                     new.adopt(wid, r.id, r.tenant, r.prompt_tokens, r.max_tokens, out, self.now, adapter=r.adapter)
         again += [r for t in old.tenants.values() for r in t.queue]
         for r in sorted(again, key=lambda r: r.seq):
-            reason = new.submit(
-                r.id,
-                r.tenant,
-                r.prompt_tokens,
-                r.max_tokens,
-                r.arrival,
-                r.true_output,
-                True,
-                r.prefix,
-                r.block_tokens,
-                "",
-                r.adapter,
-            )
-            if reason is not None:
-                self.recorder.on_reject(r.id, self.now, False)
+            self._ask_again(new, r)
         self.shards[k] = new
-        self._views[k].attach(new)
+        self._senders[k].attach(new)
 
     def _shard_for(self, tenant: str) -> FairScheduler:
         """The shard an arrival reaches: its tenant's, if pinned, else the next in turn."""
@@ -437,25 +424,23 @@ class Simulation:
         served = sum(s.ledger.total for s in shards)
         self.round_service = max(self.round_service, served - self._served_at_round)
         self._served_at_round = served
-        self._fleet = combine(self._fleet, [view.changes() for view in self._views])
-        waiting = [s.waiting_requests() for s in shards]
-        for k, view in enumerate(self._views):
-            view.adopt(self._fleet, {t for j, w in enumerate(waiting) if j != k for t in w})
-        for tenant in {t for w in waiting for t in w}:
-            queues = [w.get(tenant, []) for w in waiting]
-            for src, dst, n in deal([len(q) for q in queues], self._capacity):
-                for req in queues[src][len(queues[src]) - n :]:  # the newest go; the oldest keep their place
-                    self._move(req.id, shards[src], shards[dst])
-                del queues[src][len(queues[src]) - n :]
+        fleet = self._fleet
+        fleet.round({str(k): sender.batches() for k, sender in enumerate(self._senders)})
+        waiting = [s.waiting_counts() for s in shards]
+        for k, sender in enumerate(self._senders):
+            elsewhere = {t for j, w in enumerate(waiting) if j != k for t in w}
+            sender.adopt(fleet.figures, elsewhere, fleet.combined.get(str(k), 0))
+        for tenant, src, dst, n in deals(waiting, self._capacity):
+            for req in shards[src].queued(tenant)[-n:]:  # the newest go; the oldest keep their place
+                if shards[src].hand_over(req.id) is not None:
+                    self.moved += 1
+                    self._ask_again(shards[dst], req)
 
-    def _move(self, rid: str, src: FairScheduler, dst: FairScheduler) -> None:
-        """A waiting request leaves one shard's queue for another's (its caller asked the other)."""
-        req = src.hand_over(rid)
-        if req is None:
-            return
-        self.moved += 1
-        reason = dst.submit(
-            rid,
+    def _ask_again(self, sched: FairScheduler, req: Request) -> None:
+        """A waiting (or unstarted) request's caller asks ``sched`` for it again, same id: dealt there
+        from another shard, or its shard restarted. It keeps its arrival."""
+        reason = sched.submit(
+            req.id,
             req.tenant,
             req.prompt_tokens,
             req.max_tokens,
@@ -467,12 +452,11 @@ class Simulation:
             adapter=req.adapter,
         )
         if reason is not None:
-            self.recorder.on_reject(rid, self.now, False)
+            self.recorder.on_reject(req.id, self.now, False)
 
     def _continue(self, sched: FairScheduler, rid: str, output_tokens: int) -> None:
         """A running request the threshold rule took back stopped: the rest of it (its prompt and the
         output so far, prefilled again) queues again for its tenant."""
-        self._taking.discard(rid)
         sched.preemption_answered(rid)
         r = self.workload.requests[int(rid)]
         done = self._generated.get(rid, 0) + output_tokens
@@ -514,9 +498,7 @@ class Simulation:
                 if revoked:
                     self._assign_once(sched)
             for rid, worker in sched.preemptions():
-                if self._engine_of[worker].abort(rid):
-                    self._taking.add(rid)
-                else:
+                if not self._engine_of[worker].abort(rid):
                     sched.preemption_answered(rid)
 
     def _assign_once(self, sched: FairScheduler) -> None:

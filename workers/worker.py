@@ -236,7 +236,7 @@ class Worker:
 
     def _remember_ended(self, request_id: str, r: _Running, output_tokens: int) -> None:
         """Keep what a request that ran here ended with, for the hellos of the next minutes."""
-        if not (r.started or output_tokens):
+        if not _ran(r, output_tokens):
             return  # never reached the engine: nothing to settle but a refund, which its finish makes
         now, ended = time.monotonic(), self._ended
         r.reported = output_tokens
@@ -366,7 +366,7 @@ class Worker:
         said so may have gone with the broken stream."""
         running = [_announced(rid, r) for rid, r in self._running.items() if not r.finish]
         ended = [_announced(rid, r) for rid, (r, _) in self._ended.items()]
-        ended += [_announced(rid, r) for rid, r in self._running.items() if r.finish and (r.started or r.reported)]
+        ended += [_announced(rid, r) for rid, r in self._running.items() if r.finish and _ran(r, r.reported)]
         return pb.Hello(
             worker_id=self.worker_id,
             address=self.address,
@@ -542,6 +542,12 @@ def _refusal(
     return pb.GenerateChunk(
         data=json.dumps(body).encode(), status=status, content_type="application/json", finish_reason="error"
     )
+
+
+def _ran(r: _Running, output_tokens: int) -> bool:
+    """Whether a request that ended reached its engine: then its end is settled by what it ran (else
+    only a refund is due, which its finish makes)."""
+    return r.started or output_tokens > 0
 
 
 def _announced(request_id: str, r: _Running) -> pb.RunningRequest:

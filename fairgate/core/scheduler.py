@@ -502,6 +502,10 @@ class FairScheduler:
     def preemption_answered(self, request_id: str) -> None:
         self.threshold.answered(request_id)
 
+    def taking_back(self, request_id: str) -> bool:
+        """Whether the threshold rule asked for this running request and has no answer yet."""
+        return request_id in self.threshold.taking
+
     def place_or_wait(self, waiting: Tenant, req: Request) -> WorkerSlot | None:
         """Where ``req`` goes when its placement would queue it in an engine (``Revocation``)."""
         return self.revocation.place_or_wait(waiting, req)
@@ -534,9 +538,14 @@ class FairScheduler:
         self.book.set_member_figures(figures)
         self.waiting_elsewhere = frozenset(waiting_elsewhere)
 
-    def waiting_requests(self) -> dict[str, list[Request]]:
-        """Each waiting tenant's requests, in its queue's order (a round deals them over the shards)."""
-        return {t.name: list(t.queue) for t in self.book.tenants.values() if t.queue}
+    def waiting_counts(self) -> dict[str, int]:
+        """How many requests each waiting tenant has queued (a round deals them over the shards)."""
+        return {t.name: len(t.queue) for t in self.book.tenants.values() if t.queue}
+
+    def queued(self, tenant: str) -> list[Request]:
+        """A tenant's waiting requests, in its queue's order (the newest last)."""
+        t = self.book.tenants.get(tenant)
+        return [] if t is None else list(t.queue)
 
     def hand_over(self, request_id: str) -> Request | None:
         """Withdraw a waiting request for another shard to queue (None: it no longer waits here)."""

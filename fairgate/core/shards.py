@@ -95,8 +95,9 @@ class ShardSender:
     kept until the fleet's figures it adopts say that batch was combined (so a batch sent twice is
     combined once, and a batch whose round was lost goes in the next)."""
 
-    def __init__(self, view: ShardView) -> None:
-        self._view = view
+    def __init__(self, scheduler: FigureSource, known: bool = False) -> None:
+        """``known``: the scheduler's figures now are already the fleet's (a restored shard's)."""
+        self._view = ShardView(scheduler, known)
         self._seq = 0
         self._unacked: list[tuple[int, dict[str, Figures]]] = []
 
@@ -112,6 +113,10 @@ class ShardSender:
         """The fleet's figures, which include this shard's batches up to number ``combined``."""
         self._unacked = [(n, batch) for n, batch in self._unacked if n > combined]
         self._view.adopt(fleet, waiting_elsewhere)
+
+    def attach(self, scheduler: FigureSource) -> None:
+        """A restarted shard's scheduler, restored with the figures this one had (``ShardView.attach``)."""
+        self._view.attach(scheduler)
 
 
 class FleetFigures:
@@ -165,6 +170,16 @@ def deal(counts: Sequence[int], shares: Sequence[float]) -> list[tuple[int, int,
             give.pop()
         if short == n:
             take.pop()
+    return moves
+
+
+def deals(waiting: Sequence[Mapping[str, int]], shares: Sequence[float]) -> list[tuple[str, int, int, int]]:
+    """Moves ``(tenant, from shard, to shard, requests)`` of a round: every tenant's waiting requests
+    (``waiting``: per shard, by tenant) dealt by ``deal``."""
+    moves = []
+    for tenant in sorted({t for counts in waiting for t in counts}):
+        counts = [w.get(tenant, 0) for w in waiting]
+        moves += [(tenant, src, dst, n) for src, dst, n in deal(counts, shares)]
     return moves
 
 

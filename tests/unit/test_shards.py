@@ -195,7 +195,7 @@ def test_rounds_whose_answers_or_replies_are_lost_count_every_charge_once(ops):
     from fairgate.core.shards import FleetFigures, ShardSender
 
     sources = [_Figures() for _ in range(3)]
-    senders = [ShardSender(ShardView(s)) for s in sources]
+    senders = [ShardSender(s) for s in sources]
     fleet = FleetFigures()
     total = 0.0
     for i, (op, k, answer_lost, reply_lost) in enumerate(ops):
