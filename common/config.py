@@ -159,6 +159,15 @@ class NetworkSettings(Section):
     worker_port: int = Field(0, ge=0, le=65535, description="each worker's data plane (from ingress)")
 
 
+class ShardSettings(Section):
+    """Dispatcher shards (docs/shards.md): ``count`` dispatchers, each over a slice of every pool's
+    workers, exchanging the tenants' counters every ``tau_s``; 1 (the default) is one dispatcher for the
+    whole fleet."""
+
+    count: int = Field(1, ge=1, le=64, description="dispatcher shards (fairgate serve --dispatchers)")
+    tau_s: float = Field(0.05, gt=0, le=10, description="seconds between the shards' rounds")
+
+
 class StateSettings(Section):
     """Where durable state lives: in memory (None, the default) or Redis (``FAIRGATE_REDIS_URL`` wins)."""
 
@@ -255,6 +264,7 @@ class GatewayConfig(Section):
     state: StateSettings = Field(default_factory=StateSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
+    shards: ShardSettings = Field(default_factory=ShardSettings)
     quotas: tuple[QuotaConfig, ...] = ()
     prices: dict[str, PriceConfig] = Field(default_factory=dict)  # model -> its prices
     adapters: tuple[AdapterConfig, ...] = ()

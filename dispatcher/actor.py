@@ -29,13 +29,16 @@ from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.core import REJECT_UNKNOWN_KEY
 from fairgate.core.journal import JournalWriter
 from fairgate.core.quotas import QuotaBook
+from fairgate.core.shards import LastRound, ShardReport
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
 from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
 from fairgate.dispatcher.heap_freeze import HeapFreeze
 from fairgate.dispatcher.metrics import ServiceHistory
+from fairgate.dispatcher.names import dispatcher_name
 from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
-from fairgate.dispatcher.service import DispatcherService, Rejected
+from fairgate.dispatcher.rounds_actor import get_or_create_rounds
+from fairgate.dispatcher.service import DispatcherService, Redirected, Rejected
 from fairgate.dispatcher.state_store import StateStore, open_store
 from fairgate.dispatcher.tenant_registry import ServiceClass, TenantError, TenantRegistry
 
@@ -52,10 +55,12 @@ class DispatcherActor(AdapterCalls):
     its own Dispatcher gRPC service for its workers; tenants, keys and the live page are shared. Calls
     name their pool by model; without one, the first model's."""
 
-    def __init__(self, app: str, config: GatewayConfig, secret: str) -> None:
-        """``config``: the gateway's, as ``fairgate.gateway.config.deployable`` makes it."""
+    def __init__(self, app: str, config: GatewayConfig, secret: str, shard: int = 0) -> None:
+        """``config``: the gateway's, as ``fairgate.gateway.config.deployable`` makes it; ``shard``: which
+        of its ``shards.count`` dispatchers this is (docs/shards.md)."""
         self._app = app
         self._config = config
+        self._shard = shard
         models = [m.name for m in config.models]
         self._quotas = QuotaBook(q.rule() for q in config.quotas)  # every pool's
         self._pools = {
@@ -116,8 +121,9 @@ class DispatcherActor(AdapterCalls):
                 scheduler.set_node(name, parent, weight)
             for t in tenants:
                 scheduler.add_tenant(t["name"], float(t.get("weight", 1.0)), str(t.get("parent") or ""))
-            await service.start(bind_host(), pool_port(network.dispatcher_port, index))
-        await self._admission.start(bind_host(), network.admission_port)
+            port = pool_port(network.dispatcher_port, self._shard * len(self._pools) + index)
+            await service.start(bind_host(), port)
+        await self._admission.start(bind_host(), pool_port(network.admission_port, self._shard))
         self._saver = loop.create_task(self._save_every(config.state.snapshot_interval_s))
         self._sampler = loop.create_task(self._sample_every(1.0))
         self._sweeper = loop.create_task(self._forget_settled_every(FORGET_SETTLED_AFTER_S))
@@ -141,7 +147,9 @@ class DispatcherActor(AdapterCalls):
             log.warning("dispatcher: %d stored API key hashes upgraded to keyed hashes", upgraded)
 
     def _state_key(self, model: str) -> str:
-        return "" if model == self._first else model
+        """Where a pool's state is saved: shard 0 keeps the one-dispatcher keys."""
+        key = "" if model == self._first else model
+        return f"{key}#{self._shard}" if self._shard else key
 
     def _pool(self, model: str | None) -> DispatcherService:
         service = self._pools.get(model or self._first)
@@ -173,6 +181,7 @@ class DispatcherActor(AdapterCalls):
         rates over the last 10 s, and (``series_s``) the sampled history for the live page."""
         await self._ready()
         data = self._service.telemetry()
+        data["shard"] = self._shard
         data["quotas"] = self._quotas.view(None, time.time())
         data["jain"] = self._history.jain(60.0)
         data["rates"] = self._history.rates(10.0)
@@ -193,7 +202,9 @@ class DispatcherActor(AdapterCalls):
             return False
         try:
             for model, service in self._pools.items():
-                await self._store.save_state(service.durable_state(), self._state_key(model))
+                state = service.durable_state()
+                await self._store.save_state(state, self._state_key(model))
+                service.saved(state)
             if self._quotas:
                 started = [rid for service in self._pools.values() for rid in service.scheduler.started_ids()]
                 await self._store.save_state(self._quotas.snapshot(started), QUOTA_STATE_KEY)
@@ -253,13 +264,34 @@ class DispatcherActor(AdapterCalls):
             )
         except Rejected as exc:
             return pb.SubmitReply(rejected=exc.reason, message=exc.message, retry_after_s=exc.retry_after_s)
+        except Redirected as exc:  # dealt to another shard: its caller asks there
+            return pb.SubmitReply(redirect=exc.shard)
         return pb.SubmitReply(
+            shard=self._shard,
             counter=service.scheduler.tenants[tenant].counter,  # after the dispatch charge (traces)
             service_tier=served_tier,
             worker_id=p.worker_id,
             address=p.address,
             ticket=p.ticket_message(),
         )
+
+    # ------------------------------------------------------------------ shards' rounds (shard_rounds.py)
+
+    async def round_batches(self, model: str | None = None) -> ShardReport:
+        await self._ready()
+        return self._pool(model).round_batches()
+
+    async def round_adopt(self, model: str | None, last: LastRound, waiting_elsewhere: list[str]) -> None:
+        await self._ready()
+        self._pool(model).round_adopt(last, str(self._shard), waiting_elsewhere)
+
+    async def hand_over(self, model: str | None, tenant: str, count: int, to: str) -> int:
+        await self._ready()
+        return self._pool(model).hand_over(tenant, count, to)
+
+    async def last_round(self, model: str | None = None) -> LastRound:
+        await self._ready()
+        return self._pool(model).last_round()
 
     async def release(self, request_id: str, model: str | None = None) -> None:
         """The caller gave up on an assigned request before it started: free it now."""
@@ -464,42 +496,46 @@ class DispatcherActor(AdapterCalls):
             await self._store.close()
 
 
-def dispatcher_name(app: str) -> str:
-    return f"fairgate-dispatcher-{app}"
-
-
 # A Ray custom resource that only the node meant for the dispatcher has (on Kubernetes: the head pod,
 # the one that may reach Redis and mounts the tenants' Secret); unset: any node.
 DISPATCHER_RESOURCE_ENV = "FAIRGATE_DISPATCHER_RESOURCE"
 
 
-async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5):
-    """The app's dispatcher once some ingress replica has created it: what a worker replica uses, so
-    that workers are never given the settings it is created from (the state store's address and
-    password, the tenants' key hashes)."""
+async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5, shard: int = 0):
+    """The app's dispatcher (``shard``) once some ingress replica has created it: what a worker replica
+    uses, so that workers are never given the settings it is created from (the state store's address
+    and password, the tenants' key hashes)."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return ray.get_actor(dispatcher_name(app), namespace="fairgate")
+            return ray.get_actor(dispatcher_name(app, shard), namespace="fairgate")
         except ValueError:  # not created yet
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no dispatcher for {app!r} after {wait_s:.0f} s") from None
             await asyncio.sleep(poll_s)
 
 
-def get_or_create_dispatcher(app: str, config: GatewayConfig, secret: str):
-    """The app's dispatcher, created from ``config`` (``fairgate.gateway.config.deployable``'s) if
-    there is none yet. Ray restarts it whenever its process dies."""
+def get_or_create_dispatcher(app: str, config: GatewayConfig, secret: str, shard: int = 0):
+    """The app's dispatcher (``shard``), created from ``config`` (``fairgate.gateway.config.deployable``'s)
+    if there is none yet. Ray restarts it whenever its process dies."""
     resource = os.environ.get(DISPATCHER_RESOURCE_ENV)
     return DispatcherActor.options(
         resources={resource: 0.001} if resource else None,
-        name=dispatcher_name(app),
+        name=dispatcher_name(app, shard),
         namespace="fairgate",
         get_if_exists=True,
         lifetime="detached",
         max_concurrency=MAX_PENDING_CALLS,
         max_restarts=-1,
-    ).remote(app, config, secret)
+    ).remote(app, config, secret, shard)
+
+
+def get_or_create_dispatchers(app: str, config: GatewayConfig, secret: str) -> list[Any]:
+    """Every shard of the app's dispatcher (one unless ``shards.count``), and their rounds' runner."""
+    shards = [get_or_create_dispatcher(app, config, secret, k) for k in range(config.shards.count)]
+    if len(shards) > 1:
+        get_or_create_rounds(app, [m.name for m in config.models], config.shards)
+    return shards
 
 
 def _stored(section: BaseModel) -> dict[str, Any]:

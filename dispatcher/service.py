@@ -34,7 +34,7 @@ from fairgate.core import FINISH_WORKER_LOST, REJECT_QUEUE_TIMEOUT, FairSchedule
 from fairgate.core.fairness import backlogged_gap
 from fairgate.core.quotas import Prices, QuotaBook, Refusal
 from fairgate.core.reasons import FINISH_REVOKED, REJECT_OBJECTIVE, REJECT_QUOTA
-from fairgate.core.shards import Figures, ShardSender
+from fairgate.core.shards import LastRound, ShardReport, ShardSender
 from fairgate.core.wait_prediction import ObjectiveMiss
 from fairgate.dispatcher.metrics import Histogram
 from fairgate.dispatcher.report_pace import ReportPace
@@ -143,6 +143,8 @@ class DispatcherService:
         self._pace = ReportPace(clock())  # what the workers were last told
         self._pass_due = False  # an assignment pass is scheduled for the end of this turn of the loop
         self._shard = ShardSender(self.scheduler)  # its side of the rounds, when it is a shard
+        self._durable_seq = 0  # its last batch held by a durable state it saved
+        self._last_round = LastRound(0, {}, {})  # the fleet's figures it last adopted
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -164,23 +166,36 @@ class DispatcherService:
 
     def durable_state(self) -> dict[str, Any]:
         """The scheduler's durable state, stamped with when it was saved on this service's clock (the
-        tickets' clock)."""
-        return self.scheduler.durable_state(saved_at=self._clock())
+        tickets' clock), with its side of the shards' rounds taken at the same moment."""
+        state = self.scheduler.durable_state(saved_at=self._clock())
+        state["rounds"] = self._shard.state()
+        return state
+
+    def saved(self, state: Mapping[str, Any]) -> None:
+        """``state`` (from ``durable_state``) is stored: the rounds need not keep its batches to take back."""
+        self._durable_seq = max(self._durable_seq, int(state["rounds"]["seq"]))
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a durable state (a restart): requests the dispatcher before assigned after
-        it was saved and that ended meanwhile are settled when their workers re-announce them."""
+        it was saved and that ended meanwhile are settled when their workers re-announce them. As a
+        shard, it goes on with the rounds' state saved with it; the rounds take back what it sent
+        after it (``FleetFigures.restart``): its workers report that work again."""
         self.scheduler.restore_durable(saved, now=self._clock())
-        # as a shard: the restored figures are taken as the fleet's (what it had not sent since its last
-        # round is not in them; the rounds' state is not written with the durable state yet)
-        self._shard = ShardSender(self.scheduler, known=True)
+        self._shard = ShardSender.restored(self.scheduler, saved.get("rounds"))
+        self._durable_seq = self._shard.seq
 
     # ------------------------------------------------------------------ shards (fairgate.core.shards)
 
-    def round_batches(self) -> tuple[list[tuple[int, dict[str, Figures]]], dict[str, int], int]:
+    def round_batches(self) -> ShardReport:
         """This shard's part of a round: its change batches not yet combined, how many requests of each
-        tenant wait here, and its workers taking work (its capacity)."""
-        return self._shard.batches(), self.scheduler.waiting_counts(), len(self.scheduler.workers.taking_work)
+        tenant wait here, its workers taking work (its capacity), and which life of it this is."""
+        return ShardReport(
+            self._shard.batches(),
+            self.scheduler.waiting_counts(),
+            len(self.scheduler.workers.taking_work),
+            self.id,
+            self._durable_seq,
+        )
 
     def hand_over(self, tenant: str, count: int, to: str) -> int:
         """Deal up to ``count`` of ``tenant``'s waiting requests, the newest, to shard ``to``: each
@@ -200,10 +215,16 @@ class DispatcherService:
             moved += 1
         return moved
 
-    def round_adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
-        """The fleet's figures after a round (this shard's batches up to ``combined`` in them)."""
-        self._shard.adopt(fleet, waiting_elsewhere, combined)
+    def round_adopt(self, last: LastRound, name: str, waiting_elsewhere: Iterable[str]) -> None:
+        """The fleet's figures after a round (this shard, ``name``, has its batches up to
+        ``last.combined[name]`` in them)."""
+        self._shard.adopt(last.figures, waiting_elsewhere, last.combined.get(name, 0))
+        self._last_round = last
         self._assign_soon()
+
+    def last_round(self) -> LastRound:
+        """The fleet's figures this shard last adopted: where a restarted rounds' runner goes on from."""
+        return self._last_round
 
     # ------------------------------------------------------------------ ingress API
 

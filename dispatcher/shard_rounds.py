@@ -18,25 +18,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from fairgate.common.waits import within
-from fairgate.core.shards import Figures, FleetFigures, deals
+from fairgate.core.shards import FleetFigures, LastRound, ShardReport, deals
 from fairgate.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
-
-Batches = list[tuple[int, dict[str, Figures]]]
 
 
 class ShardEndpoint(Protocol):
     name: str
 
-    async def batches(self) -> tuple[Batches, dict[str, int], int]:
-        """Its change batches not yet combined, its waiting requests per tenant, its capacity (workers)."""
-        ...
+    async def batches(self) -> ShardReport: ...
 
-    async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None: ...
+    async def adopt(self, last: LastRound, waiting_elsewhere: Iterable[str]) -> None: ...
 
     async def hand_over(self, tenant: str, count: int, to: str) -> int:
         """Deal up to ``count`` of the tenant's waiting requests to shard ``to``; how many went."""
+        ...
+
+    async def recall(self) -> LastRound:
+        """The fleet's figures it last adopted."""
         ...
 
 
@@ -47,30 +47,43 @@ class LocalShard:
         self.name = name
         self._service = service
 
-    async def batches(self) -> tuple[Batches, dict[str, int], int]:
+    async def batches(self) -> ShardReport:
         return self._service.round_batches()
 
-    async def adopt(self, fleet: Mapping[str, Figures], waiting_elsewhere: Iterable[str], combined: int) -> None:
-        self._service.round_adopt(fleet, waiting_elsewhere, combined)
+    async def adopt(self, last: LastRound, waiting_elsewhere: Iterable[str]) -> None:
+        self._service.round_adopt(last, self.name, waiting_elsewhere)
 
     async def hand_over(self, tenant: str, count: int, to: str) -> int:
         return self._service.hand_over(tenant, count, to)
 
+    async def recall(self) -> LastRound:
+        return self._service.last_round()
+
 
 class FleetRounds:
-    """Runs the rounds of ``shards`` every ``tau_s``; a shard's answer is waited for ``timeout_s``."""
+    """Runs the rounds of ``shards`` every ``tau_s``; a shard's answer is waited for ``timeout_s``.
+
+    The runner keeps the fleet's figures; a restarted runner goes on from the newest figures any shard
+    adopted. A shard that restarted (a new ``life``) has what it sent after its durable state taken
+    back from the figures (``FleetFigures.restart``): its workers report that work to it again."""
 
     def __init__(self, shards: Sequence[ShardEndpoint], tau_s: float = 0.05, timeout_s: float = 1.0) -> None:
         self.shards = list(shards)
         self.tau_s = tau_s
         self.timeout_s = timeout_s
         self.fleet = FleetFigures()
-        self.rounds = 0
+        self.number = 0  # the last round's
+        self.rounds = 0  # rounds run by this runner
         self.left_out = 0  # shards' answers missing from a round, in all
         self.dealt = 0  # waiting requests handed to another shard, in all
+        self.restarts = 0  # shards seen restarted
+        self._lives: dict[str, str] = {}
+        self._recalled = False
 
     async def round(self) -> None:
-        """One round: ask, combine, send back."""
+        """One round: ask, combine, send back, deal."""
+        if not self._recalled:
+            self._recalled = await self._recall()
         answers = await asyncio.gather(
             *(within(s.batches(), self.timeout_s) for s in self.shards), return_exceptions=True
         )
@@ -80,21 +93,46 @@ class FleetRounds:
                 self.left_out += 1
                 log.warning("shard rounds: %s did not answer (%r); left out of this round", shard.name, answer)
                 continue
-            sent[shard.name], waiting[shard.name], capacity[shard.name] = answer
+            self._note_life(shard.name, answer)
+            sent[shard.name] = answer.batches
+            waiting[shard.name], capacity[shard.name] = answer.waiting, answer.capacity
         self.fleet.round(sent)
-        figures = self.fleet.figures
+        self.number += 1
+        last = LastRound(self.number, dict(self.fleet.figures), dict(self.fleet.combined))
         replies = []
         for shard in self.shards:
             if shard.name not in sent:
                 continue
             elsewhere = {t for name, tenants in waiting.items() if name != shard.name for t in tenants}
-            combined = self.fleet.combined.get(shard.name, 0)
-            replies.append(within(shard.adopt(figures, elsewhere, combined), self.timeout_s))
+            replies.append(within(shard.adopt(last, elsewhere), self.timeout_s))
         for result in await asyncio.gather(*replies, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.warning("shard rounds: a shard did not take the fleet's figures (%r)", result)
         await self._deal(waiting, capacity)
         self.rounds += 1
+
+    def _note_life(self, name: str, report: ShardReport) -> None:
+        before = self._lives.get(name)
+        self._lives[name] = report.life
+        if before is not None and before != report.life:
+            self.restarts += 1
+            log.warning("shard rounds: %s restarted; its batches after %d are taken back", name, report.durable)
+            self.fleet.restart(name, report.durable)
+        else:
+            self.fleet.durable(name, report.durable)
+
+    async def _recall(self) -> bool:
+        """A runner's first round: the newest figures a shard adopted (none: the fleet starts here).
+        False when no shard answered: asked again next round."""
+        asks = (within(s.recall(), self.timeout_s) for s in self.shards)
+        answers = await asyncio.gather(*asks, return_exceptions=True)
+        known = [a for a in answers if not isinstance(a, BaseException)]
+        if not known:
+            return False
+        newest = max(known, key=lambda last: last.number)
+        self.fleet.figures, self.fleet.combined = dict(newest.figures), dict(newest.combined)
+        self.number = newest.number
+        return True
 
     async def _deal(self, waiting: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> None:
         """Each tenant's waiting requests over the shards that answered, by their capacity."""

@@ -36,7 +36,7 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
         port = pool_port(config.network.worker_port, i)
         if port:  # a fixed port: one replica of the pool per node
             options["max_replicas_per_node"] = 1
-        start = WorkerStart(m.workers.engine, m.workers.settings, config.telemetry, port, frames)
+        start = WorkerStart(m.workers.engine, m.workers.settings, config.telemetry, port, frames, config.shards.count)
         pools.append(WorkerReplica.options(**options).bind(app_name, start, secret, m.name))
     ingress = Ingress.options(num_replicas=config.ingress.replicas, **ingress_placement())
     return ingress.bind(app_name, ingress_view(config), secret, pools, listen)

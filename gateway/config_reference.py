@@ -23,6 +23,7 @@ from fairgate.common.config import (
     PriceConfig,
     QuotaConfig,
     SchedulerSettings,
+    ShardSettings,
     StateSettings,
     TelemetrySettings,
     WorkerSettings,
@@ -50,6 +51,7 @@ TOP_LEVEL = [
     ("state", "mapping", "durable state: [state](#state)"),
     ("telemetry", "mapping", "traces and metrics: [telemetry](#telemetry)"),
     ("network", "mapping", "the internal endpoints' ports: [network](#network)"),
+    ("shards", "mapping", "dispatcher shards: [shards](#shards)"),
 ]
 
 SECTIONS: list[tuple[str, type[BaseModel], str]] = [
@@ -68,6 +70,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("state", StateSettings, "`state:` (FAIRGATE_REDIS_URL wins over `redis_url`)"),
     ("telemetry", TelemetrySettings, "`telemetry:` (OTEL_EXPORTER_OTLP_ENDPOINT fills `otlp_endpoint`)"),
     ("network", NetworkSettings, "`network:`"),
+    ("shards", ShardSettings, "`shards:` (`fairgate serve --dispatchers` sets `count`)"),
 ]
 
 

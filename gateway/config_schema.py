@@ -19,6 +19,7 @@ from fairgate.common.config import (
     PriceConfig,
     QuotaConfig,
     SchedulerSettings,
+    ShardSettings,
     StateSettings,
     TelemetrySettings,
     WorkerSettings,
@@ -56,6 +57,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         state = validate_section(StateSettings, _state_env(raw.get("state") or {}), "state")
         telemetry = validate_section(TelemetrySettings, _telemetry_env(raw.get("telemetry") or {}), "telemetry")
         network = validate_section(NetworkSettings, raw.get("network") or {}, "network")
+        shards = validate_section(ShardSettings, raw.get("shards") or {}, "shards")
         quotas = _entries(QuotaConfig, raw.get("quotas"), "quotas")
         prices = _prices(raw.get("prices"), models)
         adapters = _entries(AdapterConfig, raw.get("adapters"), "adapters")
@@ -65,6 +67,11 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
     tenants = _tenants(raw, where, generated)
     _check_tree(tree, tenants, classes, where)
     _check_quotas(quotas, tenants, tree, where)
+    if quotas and shards.count > 1:
+        raise ConfigError(
+            f"{where}: quotas are kept by one dispatcher: with shards.count {shards.count} they are not"
+            " supported yet (docs/shards.md)"
+        )
     if (tree or any(t.parent for t in tenants)) and not make_policy(scheduler.policy).tree:
         raise ConfigError(
             f"{where}: tree: a tenant tree needs a policy that orders by counters, not {scheduler.policy!r}"
@@ -94,6 +101,7 @@ def validate(raw: Any, where: str = "config") -> tuple[GatewayConfig, dict[str, 
         state=state,
         telemetry=telemetry,
         network=network,
+        shards=shards,
         quotas=tuple(quotas),
         prices=prices,
         adapters=tuple(adapters),

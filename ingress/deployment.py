@@ -21,10 +21,11 @@ from ray import serve
 from fairgate.common.config import GatewayConfig
 from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.openai_errors import ApiError, parse_body
+from fairgate.common.replica_rank import replica_rank
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tracing import RequestTrace, configure_tracing
 from fairgate.core.reasons import FINISH_REVOKED
-from fairgate.dispatcher.actor import get_or_create_dispatcher
+from fairgate.dispatcher.actor import get_or_create_dispatchers
 from fairgate.ingress.admin_routes import AdminRoutes
 from fairgate.ingress.admission_client import AdmissionClient, DispatcherUnavailable
 from fairgate.ingress.auth import KeyCache, LookupBudget, bearer_key, is_admin_key
@@ -38,6 +39,7 @@ from fairgate.ingress.open_requests import OpenRequests, released_after
 from fairgate.ingress.openai_api import ChatFields, CompletionFields, parse_json
 from fairgate.ingress.pools import ModelPools, Served, not_found
 from fairgate.ingress.service_tier import echo_tier
+from fairgate.ingress.shard_admission import ShardedAdmission
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
@@ -59,6 +61,8 @@ def _sse_error(error: ApiError) -> bytes:
 # prompts are tokenized on a worker thread), so it runs on the server's own loop.
 SAME_LOOP = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
 
+
+SHARD_HEADER = "x-fairgate-shard"
 
 GRACEFUL_SHUTDOWN_S = 120  # a replica going away finishes the streams it relays, for up to this long
 
@@ -90,13 +94,10 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._lookups = LookupBudget()
         self._renewing: dict[str, asyncio.Task[None]] = {}  # key hash -> its answer being renewed
         self._admin_key_hash = config.admin_key_hash
-        self._dispatcher = DispatcherClient(get_or_create_dispatcher(app_name, config, secret), DISPATCHER_WAIT_S)
+        self._dispatcher = DispatcherClient(get_or_create_dispatchers(app_name, config, secret), DISPATCHER_WAIT_S)
         self._pools = ModelPools(config, self._dispatcher.adapters_for)
-        self._admission = AdmissionClient(
-            self._dispatcher.admission_address,
-            secret,
-            DISPATCHER_WAIT_S,
-            abandoned=lambda request: self._dispatcher.release(request.request_id, request.model),
+        self._admission = ShardedAdmission(
+            [self._admission_client(k, secret) for k in range(self._dispatcher.shards)], replica_rank()
         )
         self._connections = WorkerConnections(secret.encode())
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
@@ -105,6 +106,14 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._snapshot: tuple[float, dict[str, Any]] | None = None
         self._listen = listen
         self._listener: DirectListener | None = None
+
+    def _admission_client(self, shard: int, secret: str) -> AdmissionClient:
+        return AdmissionClient(
+            lambda: self._dispatcher.admission_address(shard),
+            secret,
+            DISPATCHER_WAIT_S,
+            abandoned=lambda request: self._dispatcher.release(request.request_id, request.model, shard),
+        )
 
     async def __serve_build_asgi_app__(self) -> ASGIApp:
         """The replica's ASGI app (generation served directly, the rest through FastAPI), also served on
@@ -247,7 +256,9 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         tier = placement.service_tier if self._classes and outcome.status < 400 else ""
         if outcome.content_type.startswith("text/event-stream"):
             events = self._relay(pool.name, rid, first, data, outcome, trace, tier)
-            return ByteRelay(events, outcome.status, outcome.content_type)
+            relay = ByteRelay(events, outcome.status, outcome.content_type)
+            relay.headers += [(k.encode(), v.encode()) for k, v in self._shard_header(outcome).items()]
+            return relay
         try:
             content = echo_tier(first + b"".join([piece async for piece in data]), tier, stream=False)
         except WorkerLost as exc:
@@ -259,7 +270,16 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         finally:
             await data.aclose()  # type: ignore[attr-defined]
             trace.finish(outcome.prompt_tokens, outcome.completion_tokens, outcome.finish_reason, error)
-        return Response(content, status_code=outcome.status, media_type=outcome.content_type or "application/json")
+        return Response(
+            content,
+            status_code=outcome.status,
+            media_type=outcome.content_type or "application/json",
+            headers=self._shard_header(outcome),
+        )
+
+    def _shard_header(self, outcome: Outcome) -> dict[str, str]:
+        """With dispatcher shards, which one placed the request (where its worker is)."""
+        return {SHARD_HEADER: str(outcome.shard)} if self._dispatcher.shards > 1 else {}
 
     async def _relay(
         self,
@@ -308,6 +328,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         retry: bool = False,
         tier: str | None = None,
         adapter: str = "",
+        shard: int | None = None,
     ) -> pb.SubmitReply:
         """Queue the request in its model's pool; returns its placement. Asked again after a dispatcher
         restart with the same id and ``retry`` set, so it never runs twice. The dispatcher checks the
@@ -327,7 +348,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
             adapter=adapter,
         )
         try:
-            placement = await self._admission.submit(request)
+            placement = await self._admission.submit(request, shard)
         except DispatcherUnavailable:
             raise rejection_error("dispatcher_unavailable") from None
         if placement.rejected:
@@ -359,6 +380,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         attempt = revoked = 0
         try:
             while True:
+                outcome.shard = placement.shard
                 request.ticket.CopyFrom(placement.ticket)
                 carried = trace.start_generate(placement.worker_id)
                 data = stream_bytes(self._connections, placement.address, request, outcome, carried, trace.first_token)
@@ -389,6 +411,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
                     retry=True,
                     tier=placement.service_tier or None,  # the same class as before
                     adapter=served.adapter,
+                    shard=placement.shard,  # the shard that placed it holds it
                 )
         finally:
             self._release_unstarted(model, rid, outcome)
@@ -398,7 +421,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         this may run while the client leaves; a second call finds nothing to free)."""
         if not outcome.received and not outcome.released:
             outcome.released = True
-            self._dispatcher.release(rid, model)
+            self._dispatcher.release(rid, model, outcome.shard)
 
     # ------------------------------------------------------------------ input
 

@@ -44,6 +44,7 @@ class Outcome:
     finish_reason: str | None = None
     received: bool = False  # the worker sent something: the request must not run anywhere else
     released: bool = False  # given up before anything arrived: its reservation was freed
+    shard: int = 0  # the dispatcher shard that placed it (where it is released or asked again)
 
 
 IDLE_KEPT = 64  # idle connections kept per worker (more are closed as their requests end)

@@ -430,6 +430,7 @@ class Simulation:
         for k, sender in enumerate(self._senders):
             elsewhere = {t for j, w in enumerate(waiting) if j != k for t in w}
             sender.adopt(fleet.figures, elsewhere, fleet.combined.get(str(k), 0))
+            fleet.durable(str(k), sender.seq)  # a shard here restarts from its state as it was lost
         for tenant, src, dst, n in deals(waiting, self._capacity):
             for req in shards[src].queued(tenant)[-n:]:  # the newest go; the oldest keep their place
                 if shards[src].hand_over(req.id) is not None:

@@ -14,6 +14,7 @@ from ray.exceptions import RayActorError
 
 from fairgate.common.config import TelemetrySettings
 from fairgate.common.loopback import bind_host
+from fairgate.common.replica_rank import shard_of_replica
 from fairgate.common.tracing import configure_tracing, finished_spans
 from fairgate.dispatcher.actor import find_dispatcher
 from fairgate.workers.engines import engine_for
@@ -30,6 +31,7 @@ class WorkerStart:
     telemetry: TelemetrySettings
     port: int
     max_frame_bytes: int
+    shards: int = 1  # the dispatcher's shards: a replica reports to shard (its rank modulo this)
 
 
 @serve.deployment(
@@ -43,7 +45,8 @@ class WorkerReplica:
     async def __init__(self, app: str, start: WorkerStart, secret: str, model: str | None = None) -> None:
         """The dispatcher is found by name, never created here: a worker is not given its settings."""
         configure_tracing(start.telemetry, "fairgate-worker")
-        actor = await find_dispatcher(app)
+        shard = shard_of_replica(start.shards)
+        actor = await find_dispatcher(app, shard=shard)
         await actor.address.remote(model)
 
         async def locate() -> str:  # asked again after every lost stream: a restarted dispatcher moves
@@ -51,7 +54,7 @@ class WorkerReplica:
             try:
                 return await actor.address.remote(model)
             except RayActorError:  # gone for good: an ingress replica creates the next one
-                actor = await find_dispatcher(app)
+                actor = await find_dispatcher(app, shard=shard)
                 return await actor.address.remote(model)
 
         worker_id = f"worker-{serve.get_replica_context().replica_id.unique_id}"

@@ -43,7 +43,7 @@ class SubmitRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., retry: _Optional[bool] = ..., key_hash: _Optional[str] = ..., model: _Optional[str] = ..., prefix: _Optional[_Iterable[int]] = ..., block_tokens: _Optional[int] = ..., tier: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
-    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id", "retry_after_s")
+    __slots__ = ("rejected", "message", "counter", "service_tier", "worker_id", "address", "ticket", "request_id", "retry_after_s", "redirect", "shard")
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     COUNTER_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class SubmitReply(_message.Message):
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     rejected: str
     message: str
     counter: float
@@ -62,7 +64,9 @@ class SubmitReply(_message.Message):
     ticket: Ticket
     request_id: str
     retry_after_s: float
-    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    redirect: str
+    shard: int
+    def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., redirect: _Optional[str] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "report", "goodbye")

@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     srv.add_argument("--kv-tokens", type=int, help="KV pool per worker, in tokens")
     srv.add_argument(
+        "--dispatchers", type=int, help="dispatcher shards, each over a slice of the workers (docs/shards.md)"
+    )
+    srv.add_argument(
         "--front-door",
         choices=("direct", "haproxy", "serve"),
         help="the ingress replicas' own HTTP server (default), Ray Serve's HAProxy ingress or Serve's Python "
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.port <= 65535:
         raise UsageError("--port must be between 1 and 65535")
     try:
-        overrides = ServeOverrides(args.workers, args.policy, args.engine, args.model, args.kv_tokens)
+        overrides = ServeOverrides(args.workers, args.policy, args.engine, args.model, args.kv_tokens, args.dispatchers)
         return serve_main(args.config, overrides, args.port)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -68,6 +71,7 @@ class ServeOverrides:
     engine: str | None = None
     model: str | None = None
     kv_tokens: int | None = None
+    dispatchers: int | None = None
 
 
 def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) -> int:
@@ -89,6 +93,7 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
     from ray import serve
 
     from fairgate.dispatcher.actor import dispatcher_name
+    from fairgate.dispatcher.names import rounds_name
     from fairgate.gateway.app import run_app, start_local_ray
 
     start_local_ray()
@@ -109,7 +114,10 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
     stop.wait()
     print("stopping fairgate ...", flush=True)
     serve.shutdown()
-    _kill_dispatcher(dispatcher_name("fairgate"))
+    for shard in range(config.shards.count):
+        _kill_dispatcher(dispatcher_name("fairgate", shard))
+    if config.shards.count > 1:
+        _kill_dispatcher(rounds_name("fairgate"))
     import ray
 
     ray.shutdown()
@@ -151,6 +159,12 @@ def _override(config: GatewayConfig, o: ServeOverrides) -> GatewayConfig:
             changes["scheduler"] = dataclasses.replace(config.scheduler, policy=make_policy(o.policy).spec)
         except ValueError as exc:
             raise ConfigError(f"--policy: {exc}") from None
+    if o.dispatchers is not None:
+        if not 1 <= o.dispatchers <= 64:
+            raise ConfigError("--dispatchers must be between 1 and 64")
+        if config.quotas and o.dispatchers > 1:
+            raise ConfigError("--dispatchers: quotas are kept by one dispatcher; shards do not support them yet")
+        changes["shards"] = config.shards.model_copy(update={"count": o.dispatchers})
     config = config.with_first(model=changes.pop("model", None), workers=changes.pop("workers", None))
     return config.model_copy(update=changes)
 

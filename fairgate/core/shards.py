@@ -18,7 +18,8 @@ waiting work for more than one round.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 Figures = tuple[float, float, float]  # (service, counter, lifted) of a tenant ("t/name") or tree node ("n/name")
 ZERO: Figures = (0.0, 0.0, 0.0)
@@ -36,6 +37,28 @@ def combine(base: Mapping[str, Figures], changes: Sequence[Mapping[str, Figures]
         charged = sum(m[1] - m[2] for m in moves)
         fleet[key] = (service + sum(m[0] for m in moves), counter + charged + lift, lifted + lift)
     return fleet
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """A shard's answer in a round: its change batches not yet combined, its waiting requests per
+    tenant, its capacity (workers taking work), which life of it this is (a restarted shard has a new
+    ``life``) and its last batch held by a durable state it saved."""
+
+    batches: list[tuple[int, dict[str, Figures]]]
+    waiting: dict[str, int]
+    capacity: int
+    life: str = ""
+    durable: int = 0
+
+
+@dataclass(frozen=True)
+class LastRound:
+    """The fleet's figures after round ``number``, and each shard's last batch combined into them."""
+
+    number: int
+    figures: Mapping[str, Figures]
+    combined: Mapping[str, int]
 
 
 class FigureSource(Protocol):
@@ -75,6 +98,16 @@ class ShardView:
         self._scheduler.adopt_figures(view, waiting_elsewhere)
         self._known = self._scheduler.member_figures()
 
+    def state(self) -> dict[str, Any]:
+        """What was known and what was not sent yet, as a durable state keeps them."""
+        self._note_own()
+        return {"known": _rows(self._known), "unsent": _rows(self._unsent)}
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``, saved with the durable state the scheduler was restored from."""
+        self._known = _figures(state["known"])
+        self._unsent = _figures(state["unsent"])
+
     def attach(self, scheduler: FigureSource) -> None:
         """A restarted shard's scheduler, restored with the figures this one had: the rounds' state
         (what was known, what was not sent yet) is kept with its durable state."""
@@ -100,6 +133,30 @@ class ShardSender:
         self._view = ShardView(scheduler, known)
         self._seq = 0
         self._unacked: list[tuple[int, dict[str, Figures]]] = []
+
+    @property
+    def seq(self) -> int:
+        """The number of the last batch made: a durable state saved now holds every change up to it."""
+        return self._seq
+
+    def state(self) -> dict[str, Any]:
+        """The rounds' state, saved with the scheduler's durable state (taken at the same moment)."""
+        return {
+            "seq": self._seq,
+            "unacked": [[n, _rows(batch)] for n, batch in self._unacked],
+            **self._view.state(),
+        }
+
+    @classmethod
+    def restored(cls, scheduler: FigureSource, state: Mapping[str, Any] | None) -> ShardSender:
+        """A restarted shard's sender, from ``state`` saved with the durable state its scheduler was
+        restored from (none saved: the restored figures are taken as the fleet's)."""
+        sender = cls(scheduler, known=True)
+        if state:
+            sender._seq = int(state["seq"])
+            sender._unacked = [(int(n), _figures(batch)) for n, batch in state["unacked"]]
+            sender._view.resume(state)
+        return sender
 
     def batches(self) -> list[tuple[int, dict[str, Figures]]]:
         """Every batch not yet combined, this round's changes the last."""
@@ -127,6 +184,8 @@ class FleetFigures:
     def __init__(self) -> None:
         self.figures: dict[str, Figures] = {}
         self.combined: dict[str, int] = {}  # shard -> the last batch number combined
+        # shard -> its batches combined since its last durable state: what it may take back (``restart``)
+        self.recent: dict[str, list[tuple[int, Mapping[str, Figures]]]] = {}
 
     def round(self, sent: Mapping[str, Sequence[tuple[int, Mapping[str, Figures]]]]) -> None:
         """Combine what each shard (by name) sent this round that was not combined before."""
@@ -142,7 +201,25 @@ class FleetFigures:
                     merged[key] = _plus(merged.get(key, ZERO), f)
             changes.append(merged)
             self.combined[shard] = max(n for n, _ in fresh)
+            self.recent.setdefault(shard, []).extend(fresh)
         self.figures = combine(self.figures, changes)
+
+    def durable(self, shard: str, upto: int) -> None:
+        """``shard`` has saved a durable state holding its batches up to ``upto``: those stay."""
+        self.recent[shard] = [(n, batch) for n, batch in self.recent.get(shard, []) if n > upto]
+
+    def restart(self, shard: str, restored: int) -> None:
+        """``shard`` restarted from a durable state holding its batches up to ``restored``: its batches
+        combined since are taken back (its workers report that work again, and it charges it again),
+        and its next batches are numbered on from ``restored``. A lift taken back stays: it was a
+        floor every shard agreed on."""
+        taken = [batch for n, batch in self.recent.pop(shard, []) if n > restored]
+        for batch in taken:
+            for key, (service, counter, lifted) in batch.items():
+                s, c, lift = self.figures.get(key, ZERO)
+                self.figures[key] = (s - service, c - (counter - lifted), lift)
+        # its batches up to ``restored`` not combined yet are still with it, and go in a later round
+        self.combined[shard] = min(self.combined.get(shard, 0), restored)
 
 
 def deal(counts: Sequence[int], shares: Sequence[float]) -> list[tuple[int, int, int]]:
@@ -191,6 +268,15 @@ def sharded_bound(single: float, round_service: float, shards: int) -> float:
     and its queue may lack, until the next round, a tenant that waits elsewhere; each costs the pair
     at most one round's service of the fleet on one side."""
     return single if shards <= 1 else single + 2.0 * round_service
+
+
+def _rows(figures: Mapping[str, Figures]) -> dict[str, list[float]]:
+    """Figures as a durable state keeps them (JSON: lists)."""
+    return {key: list(f) for key, f in figures.items()}
+
+
+def _figures(rows: Mapping[str, Sequence[float]]) -> dict[str, Figures]:
+    return {key: (float(r[0]), float(r[1]), float(r[2])) for key, r in rows.items()}
 
 
 def _minus(a: Figures, b: Figures) -> Figures:

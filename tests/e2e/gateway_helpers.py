@@ -22,6 +22,7 @@ from fairgate.common.config import GatewayConfig
 from fairgate.common.loopback import front_door
 from fairgate.core import LinearCost
 from fairgate.dispatcher.actor import dispatcher_name
+from fairgate.dispatcher.names import rounds_name
 from fairgate.gateway.app import build_app, wait_until_routed
 from fairgate.gateway.config import parse_config
 from tests.conftest import free_port
@@ -43,9 +44,9 @@ class Gateway:
     listen: str | None = None
     proxied_url: str = ""
 
-    def stats(self, model: str | None = None) -> dict[str, Any]:
-        """The dispatcher's stats of one model pool (None: the first model's)."""
-        actor = ray.get_actor(dispatcher_name(self.name), namespace="fairgate")
+    def stats(self, model: str | None = None, shard: int = 0) -> dict[str, Any]:
+        """The dispatcher's (``shard``'s) stats of one model pool (None: the first model's)."""
+        actor = ray.get_actor(dispatcher_name(self.name, shard), namespace="fairgate")
         return ray.get(actor.stats.remote(model))
 
     def redeploy(self, workers: int) -> None:
@@ -58,8 +59,10 @@ class Gateway:
         """Remove the application; its replicas finish shutting down while the next test starts (each
         gateway's own names and ports, so nothing of it is reused)."""
         serve.delete(self.name, _blocking=False)
-        with contextlib.suppress(ValueError):
-            ray.kill(ray.get_actor(dispatcher_name(self.name), namespace="fairgate"))
+        names = [dispatcher_name(self.name, k) for k in range(self.config.shards.count)] + [rounds_name(self.name)]
+        for name in names:
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(name, namespace="fairgate"))
 
 
 def start_deploy(
@@ -92,6 +95,7 @@ def start_deploy(
     revoke: bool = False,
     adapters: list[dict[str, Any]] | None = None,
     max_loras: int | None = None,
+    shards: dict[str, Any] | None = None,
 ) -> Deploying:
     """Send Serve a gateway and return while it starts (``.ready()`` waits for it): a module needing
     several vLLM gateways starts them at once (an engine takes ~45 s to start here, most of it one
@@ -105,7 +109,7 @@ def start_deploy(
     engine beyond its room (0, with ``max_running``, keeps every choice in the dispatcher's queue).
     ``ingress``: more of the ingress section; ``quotas``: token quotas; ``revoke``: revocation by
     over-service; ``adapters``: LoRA adapters, on workers with ``max_loras`` slots (simulated ones:
-    vLLM's are in ``vllm``)."""
+    vLLM's are in ``vllm``). ``shards``: the dispatcher's shards (``count``, ``tau_s``)."""
     keys = {t: "fg-test-" + secrets.token_hex(12) for t in tenants}
     admin_key = "fg-admin-test-" + secrets.token_hex(12)
     engine = {"engine": "vllm", "vllm": vllm} if vllm is not None else {}
@@ -156,6 +160,8 @@ def start_deploy(
         raw["workers"]["max_loras"] = max_loras
     if classes is not None:
         raw["classes"] = classes
+    if shards is not None:
+        raw["shards"] = shards
     if models is not None:
         base = raw.pop("workers")
         del raw["model"]

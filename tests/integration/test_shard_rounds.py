@@ -31,11 +31,11 @@ class FlakyShard(LocalShard):
             raise ConnectionError("the answer was lost")
         return answer
 
-    async def adopt(self, fleet, waiting_elsewhere, combined):
+    async def adopt(self, last, waiting_elsewhere):
         if self.drop:
             self.drop -= 1
             raise ConnectionError("the reply was lost")
-        await super().adopt(fleet, waiting_elsewhere, combined)
+        await super().adopt(last, waiting_elsewhere)
 
 
 def test_two_live_shards_charge_their_own_workers_and_agree_on_every_tenant_s_counters():
