@@ -142,3 +142,22 @@ def test_a_tenant_reaching_one_shard_is_dealt_to_the_other_and_served_by_both_wo
             await s.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_rounds_runner_goes_on_from_the_figures_the_shards_last_adopted():
+    async def scenario():
+        services = [DispatcherService(SchedulerConfig(), SECRET) for _ in range(2)]
+        for service in services:
+            service.scheduler.add_tenant("A")
+        shards = [LocalShard(str(k), s) for k, s in enumerate(services)]
+        first = FleetRounds(shards)
+        services[0].scheduler.adopt_figures({"t/A": (100.0, 100.0, 0.0)}, ())  # shard 0 served A 100
+        await first.round()
+        assert [s.scheduler.tenants["A"].service for s in services] == [100.0, 100.0]
+        restarted = FleetRounds(shards)  # the runner's process was lost: it knows nothing
+        services[1].scheduler.adopt_figures({"t/A": (130.0, 130.0, 0.0)}, ())  # shard 1 served A 30 more
+        await restarted.round()
+        assert [s.scheduler.tenants["A"].service for s in services] == [130.0, 130.0]
+        assert restarted.number == first.number + 1
+
+    asyncio.run(scenario())

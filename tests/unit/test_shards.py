@@ -4,11 +4,13 @@ sent on top; a tenant's waiting requests are dealt by capacity, with as few move
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairgate.core import FairScheduler, SchedulerConfig
-from fairgate.core.shards import ShardView, combine, deal, sharded_bound
+from fairgate.core.shards import FleetFigures, ShardSender, ShardView, combine, deal, sharded_bound
 
 
 def test_charges_add_up_and_a_lift_counts_once():
@@ -214,3 +216,50 @@ def test_rounds_whose_answers_or_replies_are_lost_count_every_charge_once(ops):
             sender.adopt(fleet.figures, (), fleet.combined.get(str(j), 0))
     for source in sources:
         assert source.figures.get("t/a", (0.0, 0.0, 0.0))[:2] == (total, total)
+
+
+def test_a_restarted_shard_s_batches_after_its_durable_state_are_taken_back_and_numbered_on():
+    fleet = FleetFigures()
+    fleet.round({"0": [(1, {"t/a": (10.0, 10.0, 0.0)})], "1": [(1, {"t/a": (5.0, 5.0, 0.0)})]})
+    fleet.durable("1", 1)  # shard 1 saved a state holding its batch 1
+    fleet.round({"1": [(2, {"t/a": (7.0, 7.0, 0.0)})]})
+    fleet.round({"1": [(3, {"t/a": (4.0, 9.0, 5.0)})]})  # charged 4, lifted 5
+    assert fleet.figures["t/a"] == (26.0, 31.0, 5.0)
+    fleet.restart("1", 1)  # it restarted from that state: batches 2 and 3 are reported to it again
+    assert fleet.figures["t/a"] == (15.0, 20.0, 5.0)  # the lift stays, the charges go
+    assert fleet.combined["1"] == 1
+    fleet.round({"1": [(2, {"t/a": (11.0, 11.0, 0.0)})]})  # the same work, charged again by the restarted shard
+    assert fleet.figures["t/a"] == (26.0, 31.0, 5.0)
+
+
+def test_a_restarted_shard_s_batches_not_combined_yet_are_combined_later():
+    fleet = FleetFigures()
+    fleet.round({"0": [(1, {"t/a": (3.0, 3.0, 0.0)})]})
+    fleet.restart("0", 4)  # its durable state holds batches 2-4, never combined (its answers were lost)
+    assert fleet.combined["0"] == 1
+    fleet.round({"0": [(2, {"t/a": (1.0, 1.0, 0.0)}), (5, {"t/a": (2.0, 2.0, 0.0)})]})
+    assert fleet.figures["t/a"] == (6.0, 6.0, 0.0)
+
+
+def test_a_shard_s_rounds_state_saved_with_its_durable_state_goes_on_after_a_restart():
+    shard = _shard(["a"])
+    sender = ShardSender(shard)
+    shard.submit("r1", "a", 10, 5, 0.0)
+    shard.assign(0.0)
+    shard.on_report("w", {"r1": 5}, started={"r1": 10})
+    shard.on_finish("r1", 5, "length", 0.0)  # ended: nothing of it is reported again after a restart
+    first = sender.batches()
+    sender.adopt({"t/a": (0.0, 10.0, 0.0)}, (), combined=0)  # batch 1 not combined yet
+    shard.submit("r2", "a", 20, 5, 0.0)  # a change not sent yet
+    shard.assign(0.0)
+    shard.on_report("w", {"r2": 5}, started={"r2": 20})
+    shard.on_finish("r2", 5, "length", 0.0)
+    saved = json.loads(json.dumps({"durable": shard.durable_state(), "rounds": sender.state()}))
+    restored = FairScheduler(shard.config)
+    restored.restore_durable(saved["durable"])
+    again = ShardSender.restored(restored, saved["rounds"])
+    batches = again.batches()
+    assert batches == sender.batches()  # it goes on as the lost shard would have
+    assert again.seq == 2
+    assert batches[0] == first[0]  # kept until combined
+    assert ShardSender.restored(restored, None).batches() == []  # none saved: the restored figures are the fleet's
