@@ -26,6 +26,7 @@ from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.loopback import bind_host, pool_port
 from fairgate.common.prefix_hashes import for_adapter, salted
 from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.waits import within
 from fairgate.core import REJECT_UNKNOWN_KEY
 from fairgate.core.journal import JournalWriter
 from fairgate.core.quotas import QuotaBook
@@ -33,9 +34,10 @@ from fairgate.core.shards import LastRound, ShardReport
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
 from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
+from fairgate.dispatcher.fleet_view import shard_row, with_fleet
 from fairgate.dispatcher.heap_freeze import HeapFreeze
 from fairgate.dispatcher.metrics import ServiceHistory
-from fairgate.dispatcher.names import dispatcher_name
+from fairgate.dispatcher.names import dispatcher_name, rounds_name
 from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
 from fairgate.dispatcher.rounds_actor import get_or_create_rounds
 from fairgate.dispatcher.service import DispatcherService, Redirected, Rejected
@@ -189,7 +191,30 @@ class DispatcherActor(AdapterCalls):
             data["series"] = self._history.series(series_s)
         if len(self._pools) > 1:  # every pool's own figures (the top level: the first model's)
             data["pools"] = {m: service.telemetry() for m, service in self._pools.items()}
+        if self._config.shards.count > 1 and self._shard == 0:
+            await self._add_fleet(data)
         return data
+
+    async def shard_summary(self) -> dict[str, Any]:
+        """This shard's row of the fleet's figures (its first pool's)."""
+        await self._ready()
+        service = self._service
+        data = service.sample()
+        data.update(dispatcher_id=service.id, in_flight=len(service.scheduler.in_flight()))
+        return shard_row(self._shard, data, service.stats()["workers"])
+
+    async def _add_fleet(self, data: dict[str, Any]) -> None:
+        """Every shard's row, the rounds' figures and the fleet's gap and bound (``fleet_view``); a shard
+        or runner that does not answer within a second is shown as such."""
+        others = [
+            ray.get_actor(dispatcher_name(self._app, k), namespace="fairgate").shard_summary.remote()
+            for k in range(1, self._config.shards.count)
+        ]
+        runner = ray.get_actor(rounds_name(self._app), namespace="fairgate").figures.remote()
+        answers = await asyncio.gather(*(within(ref, 1.0) for ref in [*others, runner]), return_exceptions=True)
+        rows = [await self.shard_summary()] + [None if isinstance(a, BaseException) else a for a in answers[:-1]]
+        rounds = answers[-1] if not isinstance(answers[-1], BaseException) else {}
+        with_fleet(data, rows, rounds.get(self._first, {}))
 
     async def _save_every(self, interval_s: float) -> None:
         while True:

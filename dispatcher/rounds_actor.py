@@ -74,8 +74,8 @@ class ShardRoundsActor:
                     await asyncio.wait_for(self._stop.wait(), rounds.tau_s)
 
     async def figures(self) -> dict[str, dict[str, Any]]:
-        """Per pool: rounds run, shards' answers left out, requests dealt, shards seen restarted, and the
-        last round's number (the live page and /metrics show them)."""
+        """Per pool: rounds run, shards' answers left out, requests dealt, shards seen restarted, the
+        last round's number and the most served in one round (the live page and /metrics show them)."""
         return {
             m: {
                 "rounds": r.rounds,
@@ -84,6 +84,7 @@ class ShardRoundsActor:
                 "dealt": r.dealt,
                 "restarts": r.restarts,
                 "tau_s": r.tau_s,
+                "round_service": r.round_service,
             }
             for m, r in self._rounds.items()
         }

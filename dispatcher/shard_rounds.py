@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -22,6 +23,8 @@ from fairgate.core.shards import FleetFigures, LastRound, ShardReport, deals
 from fairgate.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
+
+ROUND_SERVICE_WINDOW_S = 60.0  # how far back the bound's staleness term looks
 
 
 class ShardEndpoint(Protocol):
@@ -77,6 +80,8 @@ class FleetRounds:
         self.left_out = 0  # shards' answers missing from a round, in all
         self.dealt = 0  # waiting requests handed to another shard, in all
         self.restarts = 0  # shards seen restarted
+        self._served: deque[float] = deque(maxlen=max(1, round(ROUND_SERVICE_WINDOW_S / tau_s)))
+        self._total = 0.0  # the fleet's service after the last round
         self._lives: dict[str, str] = {}
         self._recalled = False
 
@@ -97,6 +102,7 @@ class FleetRounds:
             sent[shard.name] = answer.batches
             waiting[shard.name], capacity[shard.name] = answer.waiting, answer.capacity
         self.fleet.round(sent)
+        self._note_service()
         self.number += 1
         last = LastRound(self.number, dict(self.fleet.figures), dict(self.fleet.combined))
         replies = []
@@ -110,6 +116,18 @@ class FleetRounds:
                 log.warning("shard rounds: a shard did not take the fleet's figures (%r)", result)
         await self._deal(waiting, capacity)
         self.rounds += 1
+
+    def _note_service(self) -> None:
+        total = sum(f[0] for key, f in self.fleet.figures.items() if key.startswith("t/"))
+        if self.rounds:  # the first round of a runner finds what was served before it
+            self._served.append(max(0.0, total - self._total))
+        self._total = total
+
+    @property
+    def round_service(self) -> float:
+        """The most the fleet served in one round over the last ``ROUND_SERVICE_WINDOW_S``: the
+        staleness term of the fleet's bound (``fairgate.core.shards.sharded_bound``)."""
+        return max(self._served, default=0.0)
 
     def _note_life(self, name: str, report: ShardReport) -> None:
         before = self._lives.get(name)

@@ -96,6 +96,7 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
         ]
     for name, doc, value in scalars:
         families.append(GaugeMetricFamily(name, doc, value=value))
+    families += _shard_families(snapshot, inside)
     if snapshot.get("jain") is not None:
         families.append(
             GaugeMetricFamily("fairgate_jain_index", "Jain's index of service rates, last 60 s", value=snapshot["jain"])
@@ -141,6 +142,50 @@ def render_prometheus(snapshot: dict[str, Any], top_n: int, inside: bool = True)
     registry = CollectorRegistry()
     registry.register(_Families(families))
     return generate_latest(registry)
+
+
+SHARD_SERIES = (
+    ("fairgate_shard_workers", "gauge", "Workers taking work, per dispatcher shard", "workers"),
+    ("fairgate_shard_queue_depth", "gauge", "Requests waiting, per dispatcher shard", "queue_depth"),
+    ("fairgate_shard_in_flight_requests", "gauge", "Requests assigned to workers, per dispatcher shard", "in_flight"),
+    ("fairgate_shard_dispatched", "counter", "Requests dispatched, per dispatcher shard", "dispatched"),
+)
+ROUND_SERIES = (
+    ("fairgate_shard_rounds", "counter", "Rounds run by the shards' current runner", "rounds"),
+    ("fairgate_shard_round_answers_left_out", "counter", "Shards' answers missing from a round", "left_out"),
+    ("fairgate_shard_requests_dealt", "counter", "Waiting requests dealt to another shard", "dealt"),
+    ("fairgate_shard_restarts", "counter", "Shards seen restarted by the rounds' runner", "restarts"),
+    ("fairgate_shard_round_service", "gauge", "Most the fleet served in one round, last 60 s", "round_service"),
+)
+
+
+def _shard_families(snapshot: dict[str, Any], inside: bool) -> list[Any]:
+    """With dispatcher shards: the fleet's bound, and (inside) each shard's figures and the rounds'."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if "fleet_bound" not in snapshot:
+        return []
+    families: list[Any] = [
+        GaugeMetricFamily(
+            "fairgate_fairness_bound_fleet",
+            "The fleet's bound on the gap with dispatcher shards: their 2U plus twice one round's service",
+            value=snapshot["fleet_bound"],
+        )
+    ]
+    if not inside:
+        return families
+    for name, kind, doc, key in SHARD_SERIES:
+        family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["shard"])
+        for row in snapshot["shards"]:
+            if key in row:
+                family.add_metric([str(row["shard"])], float(row[key]))
+        families.append(family)
+    rounds = snapshot.get("rounds") or {}
+    for name, kind, doc, key in ROUND_SERIES:
+        if key in rounds:
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            families.append(family(name, doc, value=float(rounds[key])))
+    return families
 
 
 def _adapter_families(snapshot: dict[str, Any]) -> list[Any]:

@@ -335,6 +335,9 @@ async def overload_engine_alone(base_url: str, model: str, seconds: float, load:
     return got, ttfts, results
 
 
+LABELS = ("tenant", "worker", "node", "shard")  # what names a sample in ``scrape``'s answer
+
+
 def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
     """The samples of one scrape of ``/metrics``, which must pass Prometheus's own ``promtool check
     metrics`` without a warning."""
@@ -345,9 +348,7 @@ def scrape(gw: Gateway, admin: bool = True) -> dict[tuple[str, str], float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            out[
-                (sample.name, sample.labels.get("tenant", sample.labels.get("worker", sample.labels.get("node", ""))))
-            ] = sample.value
+            out[(sample.name, next((sample.labels[k] for k in LABELS if k in sample.labels), ""))] = sample.value
     return out
 
 

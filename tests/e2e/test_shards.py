@@ -23,7 +23,7 @@ import ray
 from fairgate.dispatcher.actor import dispatcher_name
 from fairgate.ingress.deployment import SHARD_HEADER
 from tests.conftest import RedisServer
-from tests.e2e.gateway_helpers import Gateway, deploy
+from tests.e2e.gateway_helpers import Gateway, deploy, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -198,6 +198,19 @@ def test_skewed_ingress_both_shards_serve_alice_and_shares_stay_within_the_fleet
         charged = [s["tenants"][tenant]["service"] - b[tenant]["service"] for s, b in zip(after, before, strict=True)]
         assert charged[0] == pytest.approx(n * COST), (tenant, charged, n)  # every request charged once
         assert charged[1] == pytest.approx(charged[0])  # both shards hold the fleet's figures
+    # the live page and /metrics show each shard, the rounds and the fleet's bound
+    page = httpx.get(
+        gw.base_url.removesuffix("/v1") + "/admin/dashboard.json",
+        headers={"Authorization": f"Bearer {gw.admin_key}"},
+        timeout=30,
+    ).json()
+    assert [(r["shard"], r["workers"]) for r in page["shards"]] == [(0, 1), (1, 1)]
+    assert page["rounds"]["rounds"] > 0 and page["rounds"]["dealt"] > 0
+    assert len(page["workers"]) == 2 and max(gaps) <= page["fleet_bound"]
+    metrics = scrape(gw)
+    assert metrics[("fairgate_shard_workers", "0")] == metrics[("fairgate_shard_workers", "1")] == 1
+    assert metrics[("fairgate_shard_requests_dealt_total", "")] > 0
+    assert metrics[("fairgate_fairness_bound_fleet", "")] >= metrics[("fairgate_fairness_bound_2u", "")] > 0
 
 
 def test_a_shard_killed_under_the_flood_loses_no_request_and_no_charge(sharded):
