@@ -32,7 +32,8 @@ def build_app(app_name: str, config: GatewayConfig, secret: str, listen: str | N
     frames = frame_limit(config.ingress.max_body_bytes)
     pools = []
     for i, m in enumerate(config.models):
-        options = worker_options(app_name, m.workers, m.name) | {"name": worker_deployment_name(i, m.name)}
+        options = worker_options(app_name, m.workers, m.name, config.shards.count)
+        options["name"] = worker_deployment_name(i, m.name)
         port = pool_port(config.network.worker_port, i)
         if port:  # a fixed port: one replica of the pool per node
             options["max_replicas_per_node"] = 1
@@ -76,7 +77,7 @@ def worker_deployment_name(index: int, model: str) -> str:
     return "WorkerReplica" if index == 0 else "WorkerReplica-" + re.sub(r"[^A-Za-z0-9_-]", "-", model)
 
 
-def worker_options(app_name: str, w: WorkerSettings, model: str | None = None) -> dict[str, Any]:
+def worker_options(app_name: str, w: WorkerSettings, model: str | None = None, shards: int = 1) -> dict[str, Any]:
     """Replicas of a pool's worker deployment: a fixed count, or autoscaled on the demand of its pool in
     the dispatcher. A replica scaled down drains: it takes no new work and finishes what runs
     (``graceful_shutdown_s``)."""
@@ -96,6 +97,7 @@ def worker_options(app_name: str, w: WorkerSettings, model: str | None = None) -
             "kv_tokens_per_replica": kv_tokens,
             "max_running_per_replica": max_running,
             "target_utilization": a.target_utilization,
+            "shards": shards,
         },
     }
     return options | {

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from fairgate.core import Demand, ReplicaCapacity, desired_replicas
+from fairgate.core.capacity import fleet_demand
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,12 @@ class DispatcherDemandPolicy:
         target_utilization: float = 0.8,
         poll_interval_s: float = 0.5,
         model: str | None = None,
+        shards: int = 1,
     ) -> None:
+        """``shards``: the dispatcher's shards, each holding the demand of its slice of the pool."""
         self._app = app
         self._model = model
+        self._shards = shards
         self._capacity = ReplicaCapacity(kv_tokens_per_replica, max_running_per_replica, target_utilization)
         self._poll_interval_s = poll_interval_s
         self._latest: list[tuple[float, Demand]] = []  # the newest reading, written by the poller
@@ -52,29 +56,34 @@ class DispatcherDemandPolicy:
 
     def _ensure_polling(self) -> None:
         if self._thread is None:
-            args = (self._app, self._model, self._poll_interval_s, self._stop, self._latest)
+            args = (self._app, self._model, self._shards, self._poll_interval_s, self._stop, self._latest)
             self._thread = threading.Thread(target=_poll, args=args, name="fairgate-demand-poll", daemon=True)
             self._thread.start()
             weakref.finalize(self, self._stop.set)  # stops when Serve replaces the policy
 
 
 def _poll(
-    app: str, model: str | None, interval_s: float, stop: threading.Event, latest: list[tuple[float, Demand]]
+    app: str,
+    model: str | None,
+    shards: int,
+    interval_s: float,
+    stop: threading.Event,
+    latest: list[tuple[float, Demand]],
 ) -> None:
     import ray
 
-    from fairgate.dispatcher.actor import dispatcher_name
+    from fairgate.dispatcher.names import dispatcher_name
 
-    actor = None
+    actors: list[Any] = []
     while not stop.is_set():
         try:
             if not ray.is_initialized():  # only inside Ray (Serve's controller); never start a cluster
                 raise RuntimeError("not in a Ray process")
-            if actor is None:
-                actor = ray.get_actor(dispatcher_name(app), namespace="fairgate")
-            reading = ray.get(actor.demand.remote(model), timeout=5.0)
-            latest[:] = [(time.monotonic(), Demand(**reading))]
-        except Exception as exc:  # no dispatcher yet, or it restarts: keep the current target
+            if not actors:
+                actors = [ray.get_actor(dispatcher_name(app, k), namespace="fairgate") for k in range(shards)]
+            readings = ray.get([actor.demand.remote(model) for actor in actors], timeout=5.0)
+            latest[:] = [(time.monotonic(), fleet_demand([Demand(**r) for r in readings]))]
+        except Exception as exc:  # no dispatcher yet, or one restarts: keep the current target
             log.debug("fairgate autoscaling: no demand reading: %s", exc)
-            actor = None
+            actors = []
         stop.wait(interval_s)

@@ -10,6 +10,7 @@ limit. The replica count is the larger of the two needs at a target utilisation.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -24,6 +25,22 @@ class Demand:
     workers: int  # workers taking work (not draining)
     pool_tokens: int  # mean KV pool of those workers (0: none yet)
     max_running: int  # the smallest batch limit among them (0: none or no limit)
+
+
+def fleet_demand(shards: Sequence[Demand]) -> Demand:
+    """The demand of a pool whose workers are split over dispatcher shards: loads add up, the pool is
+    the workers' mean, the batch limit the smallest any shard knows."""
+    workers = sum(d.workers for d in shards)
+    limits = [d.max_running for d in shards if d.max_running]
+    return Demand(
+        queued_requests=sum(d.queued_requests for d in shards),
+        queued_tokens=sum(d.queued_tokens for d in shards),
+        running_requests=sum(d.running_requests for d in shards),
+        committed_tokens=sum(d.committed_tokens for d in shards),
+        workers=workers,
+        pool_tokens=round(sum(d.pool_tokens * d.workers for d in shards) / workers) if workers else 0,
+        max_running=min(limits, default=0),
+    )
 
 
 @dataclass(frozen=True, slots=True)

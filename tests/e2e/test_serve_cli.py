@@ -23,13 +23,14 @@ from .gateway_helpers import deploy
 
 @pytest.mark.slow
 def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path):
-    """The embedded default as the README starts it (the flags that switch it to vLLM are
+    """The embedded default as the README starts it, here with two dispatcher shards (``--dispatchers``:
+    one dispatcher is every other end-to-end test's; the flags that switch it to vLLM are
     test_local_models'; a gateway on vLLM workers, test_vllm's)."""
     port = free_port()
     exe = Path(sys.executable).parent / "fairgate"
     log = open(tmp_path / "serve.log", "w+")  # noqa: SIM115 - read back below
     proc = subprocess.Popen(
-        [str(exe), "serve", "--port", str(port), "--workers", "1", "--policy", "vtc"],
+        [str(exe), "serve", "--port", str(port), "--workers", "2", "--policy", "vtc", "--dispatchers", "2"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -43,10 +44,12 @@ def test_serve_starts_prints_keys_serves_and_stops_on_sigterm(tmp_path):
             keys = dict(re.findall(r"tenant (\w+): api key (\S+)", (tmp_path / "serve.log").read_text()))
         assert set(keys) == {"alice", "bob"}
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=keys["alice"], max_retries=0)
-        r = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="fairgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
+        r = raw.parse()
         assert r.usage.completion_tokens <= 4 and r.choices[0].message.content
+        assert raw.headers["x-fairgate-shard"] in ("0", "1")  # two dispatcher shards serve it
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=90)
@@ -61,6 +64,7 @@ def test_serve_rejects_bad_flags_in_one_line(tmp_path):
         (["serve", "--policy", "nope"], "unknown policy"),
         (["serve", "--config", str(bad)], "at least one tenant"),
         (["serve", "--port", "0"], "--port"),
+        (["serve", "--dispatchers", "0"], "--dispatchers must be between 1 and 64"),
         (["serve", "--engine", "vllm", "--kv-tokens", "0"], "--kv-tokens"),
         (["serve", "--workers", "0"], "--workers"),
     ):

@@ -6,6 +6,7 @@ import pytest
 
 from fairgate.common.sections import ConfigError
 from fairgate.core import Demand, FairScheduler, ReplicaCapacity, SchedulerConfig, desired_replicas
+from fairgate.core.capacity import fleet_demand
 from fairgate.gateway.config import parse_config
 from fairgate.workers.autoscaling import DispatcherDemandPolicy
 
@@ -86,3 +87,19 @@ def test_autoscaling_section_parses_and_refuses_nonsense():
     ):
         with pytest.raises(ConfigError, match="autoscaling"):
             parse_config({**BASE, "workers": {"autoscaling": bad}})
+
+
+def test_a_pool_split_over_dispatcher_shards_scales_on_the_demand_of_all_of_them():
+    shards = [
+        Demand(queued_requests=6, queued_tokens=3000, running_requests=4, committed_tokens=2000, workers=1,
+               pool_tokens=4000, max_running=4),
+        Demand(queued_requests=0, queued_tokens=0, running_requests=1, committed_tokens=500, workers=3,
+               pool_tokens=2000, max_running=8),
+    ]  # fmt: skip
+    fleet = fleet_demand(shards)
+    assert (fleet.queued_requests, fleet.running_requests, fleet.workers) == (6, 5, 4)
+    assert (fleet.pool_tokens, fleet.max_running) == (2500, 4)
+    capacity = ReplicaCapacity(4000, 4)
+    assert desired_replicas(fleet, capacity) == 4  # (5 + 6) running and waiting, 4 at a time at 80%
+    assert desired_replicas(shards[1], capacity) == 1  # one shard's reading alone would not scale up
+    assert fleet_demand([]).workers == 0
