@@ -152,11 +152,13 @@ class NetworkSettings(Section):
     """The internal endpoints' ports: 0 (the default) takes any free port, as on one machine; fixed ports
     let a NetworkPolicy name them (the Kubernetes manifests set them). Model pool N listens on the
     dispatcher's and the workers' port + N; with a fixed worker port, each Ray node runs at most one
-    worker replica of a pool."""
+    worker replica of a pool. Dispatcher shard N listens on the admission and rounds ports + N, and on
+    the dispatcher's port + N times the pools."""
 
     admission_port: int = Field(0, ge=0, le=65535, description="the dispatcher's admission endpoint (from ingress)")
     dispatcher_port: int = Field(0, ge=0, le=65535, description="the dispatcher's endpoint for workers' reports")
     worker_port: int = Field(0, ge=0, le=65535, description="each worker's data plane (from ingress)")
+    rounds_port: int = Field(0, ge=0, le=65535, description="each dispatcher shard's rounds endpoint (shard N: + N)")
 
 
 class ShardSettings(Section):

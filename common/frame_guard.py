@@ -31,6 +31,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # the largest request body the ingress accepts
 ACCEPTED = b""
 ADMISSION_HOP = "admission"  # ingress -> dispatcher
 DATA_PLANE_HOP = "data-plane"  # ingress -> worker
+ROUNDS_HOP = "rounds"  # the shards' rounds' runner -> a dispatcher shard
 
 
 def frame_limit(max_body_bytes: int) -> int:

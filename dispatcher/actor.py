@@ -30,7 +30,6 @@ from fairgate.common.waits import within
 from fairgate.core import REJECT_UNKNOWN_KEY
 from fairgate.core.journal import JournalWriter
 from fairgate.core.quotas import QuotaBook
-from fairgate.core.shards import LastRound, ShardReport
 from fairgate.dispatcher.adapter_calls import AdapterCalls
 from fairgate.dispatcher.adapter_registry import AdapterRegistry
 from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
@@ -39,6 +38,7 @@ from fairgate.dispatcher.heap_freeze import HeapFreeze
 from fairgate.dispatcher.metrics import ServiceHistory
 from fairgate.dispatcher.names import dispatcher_name, rounds_name
 from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
+from fairgate.dispatcher.round_wire import RoundServer, last_from, last_json, report_json
 from fairgate.dispatcher.rounds_actor import get_or_create_rounds
 from fairgate.dispatcher.service import DispatcherService, Redirected, Rejected
 from fairgate.dispatcher.state_store import StateStore, open_store
@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MAX_PENDING_CALLS = 100_000
 QUOTA_STATE_KEY = "~quotas"  # where the quota book is saved, beside each pool's state
+MAX_ROUND_FRAME_BYTES = 64 << 20  # a round's figures: every tenant's and node's, as JSON
 FORGET_SETTLED_AFTER_S = 160.0  # longer than a worker re-announces what ended (150 s): kept for that
 
 
@@ -90,6 +91,8 @@ class DispatcherActor(AdapterCalls):
         self._admission = AdmissionServer(  # the ingress's per-request call
             self.admit, secret.encode(), frame_limit(config.ingress.max_body_bytes)
         )
+        handlers = {"batches": self._round_batches, "adopt": self._round_adopt, "hand_over": self._hand_over}
+        self._rounds = RoundServer(handlers | {"recall": self._recall}, secret.encode(), MAX_ROUND_FRAME_BYTES)
 
     async def _ready(self) -> str:
         """Load durable state and start the gRPC service, once; every call waits for it. A start that
@@ -126,6 +129,8 @@ class DispatcherActor(AdapterCalls):
             port = pool_port(network.dispatcher_port, self._shard * len(self._pools) + index)
             await service.start(bind_host(), port)
         await self._admission.start(bind_host(), pool_port(network.admission_port, self._shard))
+        if config.shards.count > 1:
+            await self._rounds.start(bind_host(), pool_port(network.rounds_port, self._shard))
         self._saver = loop.create_task(self._save_every(config.state.snapshot_interval_s))
         self._sampler = loop.create_task(self._sample_every(1.0))
         self._sweeper = loop.create_task(self._forget_settled_every(FORGET_SETTLED_AFTER_S))
@@ -300,23 +305,25 @@ class DispatcherActor(AdapterCalls):
             ticket=p.ticket_message(),
         )
 
-    # ------------------------------------------------------------------ shards' rounds (shard_rounds.py)
+    # ------------------------------------------------------------------ shards' rounds (round_wire.py)
 
-    async def round_batches(self, model: str | None = None) -> ShardReport:
+    async def rounds_address(self) -> str:
+        """The rounds' endpoint (it changes when the actor restarts)."""
         await self._ready()
-        return self._pool(model).round_batches()
+        return self._rounds.address
 
-    async def round_adopt(self, model: str | None, last: LastRound, waiting_elsewhere: list[str]) -> None:
-        await self._ready()
-        self._pool(model).round_adopt(last, str(self._shard), waiting_elsewhere)
+    async def _round_batches(self, body: dict[str, Any]) -> dict[str, Any]:
+        return report_json(self._pool(body["model"]).round_batches())
 
-    async def hand_over(self, model: str | None, tenant: str, count: int, to: str) -> int:
-        await self._ready()
-        return self._pool(model).hand_over(tenant, count, to)
+    async def _round_adopt(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._pool(body["model"]).round_adopt(last_from(body["last"]), str(self._shard), body["elsewhere"])
+        return {}
 
-    async def last_round(self, model: str | None = None) -> LastRound:
-        await self._ready()
-        return self._pool(model).last_round()
+    async def _hand_over(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"moved": self._pool(body["model"]).hand_over(body["tenant"], int(body["count"]), body["to"])}
+
+    async def _recall(self, body: dict[str, Any]) -> dict[str, Any]:
+        return last_json(self._pool(body["model"]).last_round())
 
     async def release(self, request_id: str, model: str | None = None) -> None:
         """The caller gave up on an assigned request before it started: free it now."""
@@ -515,6 +522,7 @@ class DispatcherActor(AdapterCalls):
                 task.cancel()
         await self.persist()
         await self._admission.stop()
+        await self._rounds.stop()
         for service in self._pools.values():
             await service.stop()
         if self._store is not None:
@@ -559,7 +567,7 @@ def get_or_create_dispatchers(app: str, config: GatewayConfig, secret: str) -> l
     """Every shard of the app's dispatcher (one unless ``shards.count``), and their rounds' runner."""
     shards = [get_or_create_dispatcher(app, config, secret, k) for k in range(config.shards.count)]
     if len(shards) > 1:
-        get_or_create_rounds(app, [m.name for m in config.models], config.shards)
+        get_or_create_rounds(app, [m.name for m in config.models], config.shards, secret)
     return shards
 
 

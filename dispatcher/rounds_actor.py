@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,45 +17,57 @@ import ray
 from fairgate.common.config import ShardSettings
 from fairgate.core.shards import LastRound, ShardReport
 from fairgate.dispatcher.names import dispatcher_name, rounds_name
+from fairgate.dispatcher.round_wire import RoundClient, last_from, last_json, report_from
 from fairgate.dispatcher.shard_rounds import FleetRounds
 
 log = logging.getLogger(__name__)
 
 
 class RemoteShard:
-    """A dispatcher shard's actor, for one model pool (``ShardEndpoint``). Its handle is looked up by
-    name once, then kept: Ray sends the calls to the actor's next life after a restart."""
+    """A dispatcher shard, for one model pool (``ShardEndpoint``), over its rounds' endpoint
+    (``round_wire.py``). Its actor is looked up by name once and asked where the endpoint is whenever
+    the connection breaks (a restarted shard listens elsewhere)."""
 
-    def __init__(self, app: str, shard: int, model: str) -> None:
+    def __init__(self, shard: int, model: str, client: RoundClient) -> None:
         self.name = str(shard)
-        self._app = app
-        self._shard = shard
         self._model = model
-        self._actor: Any = None
-
-    def _handle(self) -> Any:
-        if self._actor is None:
-            self._actor = ray.get_actor(dispatcher_name(self._app, self._shard), namespace="fairgate")
-        return self._actor
+        self._client = client
 
     async def batches(self) -> ShardReport:
-        return await self._handle().round_batches.remote(self._model)
+        return report_from(await self._client.call("batches", {"model": self._model}))
 
     async def adopt(self, last: LastRound, waiting_elsewhere: Iterable[str]) -> None:
-        await self._handle().round_adopt.remote(self._model, last, sorted(waiting_elsewhere))
+        body = {"model": self._model, "last": last_json(last), "elsewhere": sorted(waiting_elsewhere)}
+        await self._client.call("adopt", body)
 
     async def hand_over(self, tenant: str, count: int, to: str) -> int:
-        return await self._handle().hand_over.remote(self._model, tenant, count, to)
+        body = {"model": self._model, "tenant": tenant, "count": count, "to": to}
+        return int((await self._client.call("hand_over", body))["moved"])
 
     async def recall(self) -> LastRound:
-        return await self._handle().last_round.remote(self._model)
+        return last_from(await self._client.call("recall", {"model": self._model}))
+
+
+def shard_client(app: str, shard: int, secret: str) -> RoundClient:
+    """One connection to a shard's rounds' endpoint, for all its pools."""
+    actor: Any = None
+
+    async def address() -> str:
+        nonlocal actor
+        if actor is None:
+            actor = ray.get_actor(dispatcher_name(app, shard), namespace="fairgate")
+        return await actor.rounds_address.remote()
+
+    return RoundClient(address, secret.encode())
 
 
 @ray.remote(num_cpus=0)
 class ShardRoundsActor:
-    def __init__(self, app: str, models: list[str], settings: ShardSettings) -> None:
+    def __init__(self, app: str, models: list[str], settings: ShardSettings, secret: str) -> None:
+        clients = [shard_client(app, k, secret) for k in range(settings.count)]
         self._rounds = {
-            m: FleetRounds([RemoteShard(app, k, m) for k in range(settings.count)], settings.tau_s) for m in models
+            m: FleetRounds([RemoteShard(k, m, clients[k]) for k in range(settings.count)], settings.tau_s)
+            for m in models
         }
         self._stop = asyncio.Event()
         self._running = asyncio.get_event_loop().create_task(self._run())
@@ -89,13 +102,17 @@ class ShardRoundsActor:
             for m, r in self._rounds.items()
         }
 
+    async def process(self) -> dict[str, int]:
+        """This actor's process (benchmarks count its CPU)."""
+        return {"pid": os.getpid()}
+
     async def shutdown(self) -> None:
         self._stop.set()
         with contextlib.suppress(Exception):
             await self._running
 
 
-def get_or_create_rounds(app: str, models: list[str], settings: ShardSettings) -> Any:
+def get_or_create_rounds(app: str, models: list[str], settings: ShardSettings, secret: str) -> Any:
     """The app's rounds' runner, created if there is none yet; Ray restarts it whenever its process dies."""
     return ShardRoundsActor.options(
         name=rounds_name(app),
@@ -104,4 +121,4 @@ def get_or_create_rounds(app: str, models: list[str], settings: ShardSettings) -
         lifetime="detached",
         max_concurrency=1000,
         max_restarts=-1,
-    ).remote(app, models, settings)
+    ).remote(app, models, settings, secret)

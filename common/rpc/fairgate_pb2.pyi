@@ -68,6 +68,26 @@ class SubmitReply(_message.Message):
     shard: int
     def __init__(self, rejected: _Optional[str] = ..., message: _Optional[str] = ..., counter: _Optional[float] = ..., service_tier: _Optional[str] = ..., worker_id: _Optional[str] = ..., address: _Optional[str] = ..., ticket: _Optional[_Union[Ticket, _Mapping]] = ..., request_id: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., redirect: _Optional[str] = ..., shard: _Optional[int] = ...) -> None: ...
 
+class RoundCall(_message.Message):
+    __slots__ = ("call", "method", "body")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    method: str
+    body: bytes
+    def __init__(self, call: _Optional[int] = ..., method: _Optional[str] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class RoundAnswer(_message.Message):
+    __slots__ = ("call", "body", "error")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    body: bytes
+    error: str
+    def __init__(self, call: _Optional[int] = ..., body: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
     __slots__ = ("hello", "report", "goodbye")
     HELLO_FIELD_NUMBER: _ClassVar[int]

@@ -72,6 +72,8 @@ class StepResult:
     dispatched: int
     worker_messages: int
     seconds: float
+    shard_cpu_ms_per_request: list[float]  # each shard's (one without shards)
+    runner_cpu_ms_per_request: float = 0.0  # the shards' rounds' runner's, per request of the fleet
 
     def holds(self, p99_ms: float) -> bool:
         return self.errors == 0 and self.placed >= PLACED_SHARE * self.offered and self.p99_admission_ms <= p99_ms
@@ -87,15 +89,18 @@ class StepResult:
             "dispatcher_cpu_ms_per_message": 1000 * self.cpu_s / max(1, self.worker_messages),
             "dispatcher_cpu_share": self.cpu_s / self.seconds,
             "report_messages_per_s": self.worker_messages / self.seconds,
+            "shard_cpu_ms_per_request": self.shard_cpu_ms_per_request,
+            "runner_cpu_ms_per_request": self.runner_cpu_ms_per_request,
         }
 
 
-def start_dispatcher(app: str) -> Dispatcher:
-    """The dispatcher actor as a gateway creates it, for a configuration of ``TENANTS`` tenants."""
+def start_dispatchers(app: str, shards: int = 1, tau_s: float = 0.05) -> list[Dispatcher]:
+    """The dispatcher's actors (``shards`` of them, and their rounds' runner when several) as a gateway
+    creates them, for a configuration of ``TENANTS`` tenants."""
     import ray
 
     from fairgate.common.key_hashing import KeyHasher
-    from fairgate.dispatcher.actor import get_or_create_dispatcher
+    from fairgate.dispatcher.actor import get_or_create_dispatchers
     from fairgate.gateway.config import deployable, parse_config
 
     secret = secrets.token_hex(16)
@@ -105,31 +110,51 @@ def start_dispatcher(app: str) -> Dispatcher:
         "tenants": [{"name": t, "api_key": k} for t, k in api_keys.items()],
         "limits": {"max_queued_per_tenant": 100_000, "max_queued": 1_000_000},
         "workers": {"count": 1, "engine": "simulated", "kv_tokens": KV_TOKENS},
+        "shards": {"count": shards, "tau_s": tau_s},
     }
     config, _ = parse_config(raw, "bench scale")
-    actor = get_or_create_dispatcher(app, deployable(config, secret), secret)
-    pool = ray.get(actor.address.remote())
+    actors = get_or_create_dispatchers(app, deployable(config, secret), secret)
     hasher = KeyHasher.from_environment(secret)
-    return Dispatcher(
-        actor,
-        ray.get(actor.process.remote())["pid"],
-        ray.get(actor.admission_address.remote()),
-        pool,
-        secret,
-        {t: hasher.of_key(k) for t, k in api_keys.items()},
-    )
+    keys = {t: hasher.of_key(k) for t, k in api_keys.items()}
+    return [
+        Dispatcher(
+            actor,
+            ray.get(actor.process.remote())["pid"],
+            ray.get(actor.admission_address.remote()),
+            ray.get(actor.address.remote()),
+            secret,
+            keys,
+        )
+        for actor in actors
+    ]
+
+
+def runner_pid(app: str) -> int | None:
+    """The process of the shards' rounds' runner (None without shards)."""
+    import ray
+
+    from fairgate.dispatcher.names import rounds_name
+
+    try:
+        runner = ray.get_actor(rounds_name(app), namespace="fairgate")
+    except ValueError:
+        return None
+    return ray.get(runner.process.remote())["pid"]
 
 
 @contextlib.contextmanager
-def fleet(d: Dispatcher, workers: int, hosts: int) -> Iterator[None]:
-    """``workers`` workers attached to ``d``, spread over ``hosts`` processes, until the block ends."""
+def fleet(ds: list[Dispatcher], workers: int, hosts: int) -> Iterator[None]:
+    """``workers`` workers spread over ``hosts`` processes (at least one per shard), each host's workers
+    attached to one shard in turn, until the block ends."""
     import ray
 
+    hosts = max(hosts, len(ds))
     per_host = math.ceil(workers / hosts)
     procs: list[subprocess.Popen[str]] = []
     try:
-        for first in range(0, workers, per_host):
+        for host, first in enumerate(range(0, workers, per_host)):
             count = min(per_host, workers - first)
+            d = ds[host % len(ds)]
             spec = FleetSpec(d.pool, d.secret, first, count, KV_TOKENS, MAX_RUNNING, STEP_MODEL)
             procs.append(
                 subprocess.Popen(
@@ -143,7 +168,7 @@ def fleet(d: Dispatcher, workers: int, hosts: int) -> Iterator[None]:
             if proc.stdout is None or proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a fleet host did not start")
         deadline = time.monotonic() + 120
-        while len(ray.get(d.actor.stats.remote())["workers"]) < workers:
+        while sum(len(ray.get(d.actor.stats.remote())["workers"]) for d in ds) < workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the dispatcher did not see {workers} workers within 120 s")
             time.sleep(0.2)
@@ -160,21 +185,30 @@ def fleet(d: Dispatcher, workers: int, hosts: int) -> Iterator[None]:
                 proc.wait()
 
 
-async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[list[float], int, int, int]:
+async def offer(ds: list[Dispatcher], rate: float, seconds: float, seed: int) -> tuple[list[float], int, int, int]:
     """Requests arriving at ``rate`` per second for ``seconds``, each submitted as the ingress does and
     run on its worker; (admission seconds of each placement in time, requests placed in time, requests
     offered, errors). A request
-    taken back unstarted for a less served tenant (revocation) is asked again, as the ingress does."""
+    taken back unstarted for a less served tenant (revocation) is asked again, as the ingress does.
+    With shards, the requests reach them in turn (as from as many ingress replicas), and follow their
+    redirects."""
     from fairgate.common.rpc import fairgate_pb2 as pb
     from fairgate.core.reasons import FINISH_REVOKED
     from fairgate.ingress.admission_client import AdmissionClient
     from fairgate.ingress.deployment import MAX_REVOCATIONS
     from fairgate.ingress.generation import Outcome, WorkerConnections, WorkerLost, stream_bytes
+    from fairgate.ingress.shard_admission import ShardedAdmission
 
-    async def where() -> str:
-        return d.admission
+    d = ds[0]
 
-    admission = AdmissionClient(where, d.secret, wait_s=10.0, abandoned=lambda _: None)
+    def client(address: str) -> AdmissionClient:
+        async def where() -> str:
+            return address
+
+        return AdmissionClient(where, d.secret, wait_s=10.0, abandoned=lambda _: None)
+
+    clients = [client(s.admission) for s in ds]
+    admissions = [ShardedAdmission(clients, home) for home in range(len(ds))]
     connections = WorkerConnections(d.secret.encode())
     body = json.dumps(
         {"model": MODEL, "prompt": "word " * PROMPT_TOKENS, "max_tokens": MAX_TOKENS, "ignore_eos": True}
@@ -199,7 +233,7 @@ async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[
         try:
             for attempt in range(MAX_REVOCATIONS + 1):
                 t0 = time.monotonic()
-                reply = await admission.submit(request)
+                reply = await admissions[i % len(admissions)].submit(request)
                 if reply.rejected:
                     raise RuntimeError(reply.rejected)
                 placed = time.monotonic()
@@ -236,20 +270,34 @@ async def offer(d: Dispatcher, rate: float, seconds: float, seed: int) -> tuple[
         tasks.append(asyncio.create_task(one(offered)))
         offered += 1
     await asyncio.gather(*tasks)
-    await admission.close()
+    await admissions[0].close()
     await connections.close()
     return waits, placed_in_time, offered, errors
 
 
-def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
+def _cpu_s(pid: int | None) -> float:
     import psutil
+
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def step(ds: list[Dispatcher], rate: float, seconds: float, seed: int, runner: int | None = None) -> StepResult:
+    """One step of the ramp; ``runner``: the shards' rounds' runner's process, whose CPU is counted apart."""
     import ray
 
-    proc = psutil.Process(d.pid)
-    before, cpu0, t0 = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic()
-    waits, placed, offered, errors = asyncio.run(offer(d, rate, seconds, seed))
-    after, cpu1, elapsed = ray.get(d.actor.load_counters.remote())[MODEL], proc.cpu_times(), time.monotonic() - t0
+    def counters() -> list[dict[str, int]]:
+        return [c[MODEL] for c in ray.get([d.actor.load_counters.remote() for d in ds])]
+
+    before, cpu0, run0, t0 = counters(), [_cpu_s(d.pid) for d in ds], _cpu_s(runner), time.monotonic()
+    waits, placed, offered, errors = asyncio.run(offer(ds, rate, seconds, seed))
+    after, cpu1, run1 = counters(), [_cpu_s(d.pid) for d in ds], _cpu_s(runner)
+    elapsed = time.monotonic() - t0
     ms = sorted(1000 * w for w in waits) or [math.inf]
+    dispatched = [a["dispatched"] - b["dispatched"] for a, b in zip(after, before, strict=True)]
+    cpu = [c1 - c0 for c1, c0 in zip(cpu1, cpu0, strict=True)]
     return StepResult(
         offered_per_s=rate,
         placed=placed,
@@ -257,45 +305,63 @@ def step(d: Dispatcher, rate: float, seconds: float, seed: int) -> StepResult:
         errors=errors,
         p99_admission_ms=quantile(ms, 0.99),
         p50_admission_ms=quantile(ms, 0.5),
-        cpu_s=(cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
-        dispatched=after["dispatched"] - before["dispatched"],
-        worker_messages=after["worker_messages"] - before["worker_messages"],
+        cpu_s=sum(cpu),
+        dispatched=sum(dispatched),
+        worker_messages=sum(a["worker_messages"] - b["worker_messages"] for a, b in zip(after, before, strict=True)),
         seconds=elapsed,
+        shard_cpu_ms_per_request=[1000 * c / max(1, n) for c, n in zip(cpu, dispatched, strict=True)],
+        runner_cpu_ms_per_request=1000 * (run1 - run0) / max(1, sum(dispatched)),
     )
 
 
-def scale_row(workers: int, options: Options) -> dict[str, Any]:
-    """One fleet size: its dispatcher, its fleet, and the ramp."""
+def scale_row(workers: int, options: Options, shards: int = 1) -> dict[str, Any]:
+    """One fleet size: its dispatcher (``shards`` of them), its fleet, and the ramp. The CPU per request
+    is read at the first rate, which shards are offered ``shards`` times over: each is then offered what
+    one dispatcher is, and the difference is what sharding costs (the rounds), not a lower rate's fixed
+    costs spread thinner. The ramp for the sustained rate starts from the first rate in all."""
     import ray
 
-    d = start_dispatcher(f"scale-{workers}")
+    from fairgate.dispatcher.names import rounds_name
+
+    app = f"scale-{workers}-{shards}"
+    ds = start_dispatchers(app, shards, options["tau_ms"] / 1000)
+    runner = runner_pid(app)
     try:
-        with fleet(d, workers, options["hosts"]):
+        with fleet(ds, workers, options["hosts"]):
             # warm-up: connections, caches, and the heap refrozen once the fleet has settled (HeapFreeze)
-            step(d, options["start_rate"], WARM_UP_S, seed=0)
+            step(ds, options["start_rate"] * shards, WARM_UP_S, seed=0, runner=runner)
             steps: list[StepResult] = []
+            reference = None  # one dispatcher's: the ramp's first step
+            if shards > 1:
+                reference = step(ds, options["start_rate"] * shards, options["seconds"], seed=99, runner=runner)
             rate = options["start_rate"]
             while rate <= options["max_rate"]:
-                result = step(d, rate, options["seconds"], seed=len(steps) + 1)
+                result = step(ds, rate, options["seconds"], seed=len(steps) + 1, runner=runner)
                 steps.append(result)
                 if not result.holds(options["p99_ms"]):
                     break
                 rate *= options["ramp"]
             # the durable state's write cost under load: a base, and one second's journal change
-            cost = d.actor.snapshot_cost.remote(1.0)
-            step(d, options["start_rate"], 3.0, seed=len(steps) + 1)
+            cost = ds[0].actor.snapshot_cost.remote(1.0)
+            step(ds, options["start_rate"] * shards, 3.0, seed=len(steps) + 1, runner=runner)
             snapshot = ray.get(cost)
     finally:
-        ray.kill(d.actor)
+        for d in ds:
+            ray.kill(d.actor)
+        if runner is not None:
+            ray.kill(ray.get_actor(rounds_name(app), namespace="fairgate"))
     held = [s for s in steps if s.holds(options["p99_ms"])]
     best = held[-1] if held else None
-    reference = steps[0].figures()
+    figures = (reference or steps[0]).figures()
     return {
         "workers": workers,
+        "shards": shards,
+        "shard_cpu_ms_per_request": figures["shard_cpu_ms_per_request"],
+        "runner_cpu_ms_per_request": figures["runner_cpu_ms_per_request"],
         "sustained_requests_per_s": best.placed / best.seconds if best else 0.0,
         "p99_admission_ms": best.p99_admission_ms if best else steps[0].p99_admission_ms,
-        "dispatcher_cpu_ms_per_request": reference["dispatcher_cpu_ms_per_request"],
-        "dispatcher_cpu_ms_per_message": reference["dispatcher_cpu_ms_per_message"],
+        "dispatcher_cpu_ms_per_request": figures["dispatcher_cpu_ms_per_request"],
+        "dispatcher_cpu_ms_per_message": figures["dispatcher_cpu_ms_per_message"],
         "report_messages_per_s": (best or steps[0]).figures()["report_messages_per_s"],
         "snapshot_ms": 1000 * snapshot["base_seconds"],
         "snapshot_bytes": int(snapshot["base_bytes"]),
@@ -319,6 +385,8 @@ class ScaleBench(Bench):
         Param("max_rate", float, 50_000.0, "the ramp stops past this rate"),
         Param("p99_ms", float, 5.0, "the p99 admission latency a step must hold"),
         Param("hosts", int, 2, "processes the fleet's workers are spread over"),
+        Param("shards", int, 1, "the sharded arm's dispatcher shards, each offered one's rates (1: no such arm)"),
+        Param("tau_ms", float, 50.0, "the sharded arm's milliseconds between the shards' rounds"),
         Param("plot", str, "", "write a PNG of the figures per fleet size here"),
     )
 
@@ -326,25 +394,38 @@ class ScaleBench(Bench):
         numbers(options["workers"], "--workers")
         if options["seconds"] <= 0 or options["start_rate"] <= 0 or options["ramp"] <= 1 or options["hosts"] < 1:
             raise ValueError("--seconds and --start-rate must be positive, --ramp above 1, --hosts at least 1")
+        if not 1 <= options["shards"] <= 16 or options["tau_ms"] <= 0:
+            raise ValueError("--shards must be between 1 and 16, --tau-ms positive")
 
     def run(self, options: Options) -> Figures:
         ray_environment()  # before anything imports Ray: it reads these at import time
         from fairgate.gateway.app import start_local_ray
 
         start_local_ray()
-        rows = [scale_row(n, options) for n in numbers(options["workers"], "--workers")]
+        rows, sharded = [], []
+        for n in numbers(options["workers"], "--workers"):  # the arms side by side, per fleet size
+            rows.append(scale_row(n, options))
+            if options["shards"] > 1:
+                sharded.append(scale_row(n, options, options["shards"]))
         smallest = min(rows, key=lambda r: r["workers"])
         largest = max(rows, key=lambda r: r["workers"])
         if options["plot"]:
             from fairgate.loadgen.plots import plot_scale
 
             plot_scale(Path(options["plot"]), sorted(rows, key=lambda r: r["workers"]), options["start_rate"])
-        return {
+        figures: Figures = {
             "rows": rows,
             "cpu_per_request_ratio": largest["dispatcher_cpu_ms_per_request"]
             / smallest["dispatcher_cpu_ms_per_request"],
             "reference_rate": options["start_rate"],
         }
+        if sharded:
+            figures["sharded_rows"] = sharded
+            figures["shard_cpu_ratio"] = {  # each shard's CPU per request over the single dispatcher's
+                str(one["workers"]): max(s["shard_cpu_ms_per_request"]) / one["dispatcher_cpu_ms_per_request"]
+                for one, s in zip(rows, sharded, strict=True)
+            }
+        return figures
 
     def report(self, figures: Figures) -> str:
         lines = [
@@ -363,4 +444,12 @@ class ScaleBench(Bench):
             f"CPU per request at {figures['reference_rate']:,.0f} requests/s, largest fleet over smallest: "
             f"{figures['cpu_per_request_ratio']:.2f}x"
         )
+        for r in figures.get("sharded_rows", []):
+            per_shard = " / ".join(f"{ms:.3f}" for ms in r["shard_cpu_ms_per_request"])
+            lines.append(
+                f"{r['shards']} shards, {r['workers']:,} workers: each shard's CPU ms/request {per_shard} "
+                f"({figures['shard_cpu_ratio'][str(r['workers'])]:.2f}x the single dispatcher's at the most), "
+                f"the runner's {r['runner_cpu_ms_per_request']:.3f}; the shards together sustained "
+                f"{r['sustained_requests_per_s']:,.0f} requests/s ({r['p99_admission_ms']:.1f} ms p99)"
+            )
         return "\n".join(lines)
