@@ -36,7 +36,7 @@ from fairgate.dispatcher.admission_service import AdmissionServer, submit_args
 from fairgate.dispatcher.fleet_view import shard_row, with_fleet
 from fairgate.dispatcher.heap_freeze import HeapFreeze
 from fairgate.dispatcher.metrics import ServiceHistory
-from fairgate.dispatcher.names import dispatcher_name, rounds_name
+from fairgate.dispatcher.names import dispatcher_name, dispatcher_resources, rounds_name
 from fairgate.dispatcher.otlp_metrics import start_otlp_metrics
 from fairgate.dispatcher.round_wire import RoundServer, last_from, last_json, report_json
 from fairgate.dispatcher.rounds_actor import get_or_create_rounds
@@ -529,11 +529,6 @@ class DispatcherActor(AdapterCalls):
             await self._store.close()
 
 
-# A Ray custom resource that only the node meant for the dispatcher has (on Kubernetes: the head pod,
-# the one that may reach Redis and mounts the tenants' Secret); unset: any node.
-DISPATCHER_RESOURCE_ENV = "FAIRGATE_DISPATCHER_RESOURCE"
-
-
 async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5, shard: int = 0):
     """The app's dispatcher (``shard``) once some ingress replica has created it: what a worker replica
     uses, so that workers are never given the settings it is created from (the state store's address
@@ -551,9 +546,8 @@ async def find_dispatcher(app: str, wait_s: float = 600.0, poll_s: float = 0.5, 
 def get_or_create_dispatcher(app: str, config: GatewayConfig, secret: str, shard: int = 0):
     """The app's dispatcher (``shard``), created from ``config`` (``fairgate.gateway.config.deployable``'s)
     if there is none yet. Ray restarts it whenever its process dies."""
-    resource = os.environ.get(DISPATCHER_RESOURCE_ENV)
     return DispatcherActor.options(
-        resources={resource: 0.001} if resource else None,
+        resources=dispatcher_resources(),
         name=dispatcher_name(app, shard),
         namespace="fairgate",
         get_if_exists=True,

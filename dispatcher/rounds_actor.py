@@ -16,7 +16,7 @@ import ray
 
 from fairgate.common.config import ShardSettings
 from fairgate.core.shards import LastRound, ShardReport
-from fairgate.dispatcher.names import dispatcher_name, rounds_name
+from fairgate.dispatcher.names import dispatcher_name, dispatcher_resources, rounds_name
 from fairgate.dispatcher.round_wire import RoundClient, last_from, last_json, report_from
 from fairgate.dispatcher.shard_rounds import FleetRounds
 
@@ -115,6 +115,7 @@ class ShardRoundsActor:
 def get_or_create_rounds(app: str, models: list[str], settings: ShardSettings, secret: str) -> Any:
     """The app's rounds' runner, created if there is none yet; Ray restarts it whenever its process dies."""
     return ShardRoundsActor.options(
+        resources=dispatcher_resources(),
         name=rounds_name(app),
         namespace="fairgate",
         get_if_exists=True,

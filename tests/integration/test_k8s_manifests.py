@@ -337,7 +337,8 @@ def test_network_policies_open_only_the_intended_doors(rendered, overlay):
     assert _selects({"matchLabels": service["spec"]["selector"]}, head)
     http = service["spec"]["ports"][0]["targetPort"]
     assert _allowed(policies, head, http, None) and _allowed(policies, head, http, stranger)  # the public door
-    for port in (6379, 8265, 10001, 52365, 9100, 9110, 9120):  # GCS, dashboard, client, agent, fairgate's own
+    # GCS, dashboard, client, agent, fairgate's own (admission, dispatcher, rounds: a second shard's too)
+    for port in (6379, 8265, 10001, 52365, 9100, 9101, 9110, 9111, 9120, 9130, 9131):
         assert not _allowed(policies, head, port, stranger), port
         assert not _allowed(policies, head, port, neighbour), port
         assert not _allowed(policies, worker, port, stranger), port
@@ -533,3 +534,15 @@ def test_pinning_puts_every_image_of_an_overlay_at_the_digest_its_tag_names(rend
     failed = subprocess.run(["bash", str(work / "pin-images.sh"), overlay], capture_output=True, text=True, env=env)
     assert failed.returncode == 1 and "cannot read the digest" in failed.stderr
     assert (work / "pinned" / overlay / "kustomization.yaml").read_text() == before
+
+
+def test_both_overlays_name_the_dispatcher_shards_and_their_ports(rendered, monkeypatch):
+    """One dispatcher by default; two shards is one line, on ports the NetworkPolicies open."""
+    secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
+    monkeypatch.setenv("FAIRGATE_ADMIN_KEY", (secrets_dir / "admin-key").read_text().strip())
+    for overlay in OVERLAYS:
+        raw = yaml.safe_load(one(rendered[overlay], "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
+        raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
+        assert parse_config(raw, overlay)[0].shards.count == 1
+        config = parse_config({**raw, "shards": {**raw["shards"], "count": 2}}, overlay)[0]
+        assert (config.shards.count, config.network.rounds_port, config.network.admission_port) == (2, 9130, 9100)
