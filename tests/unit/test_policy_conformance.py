@@ -812,3 +812,18 @@ def test_a_cost_function_is_accepted_exactly_when_no_charge_can_be_negative(coef
         assert h.total(x, 0) >= 0
         for k in (1, 2, 3, 50, 4096, 10**6):
             assert h.total(x, k) - h.total(x, k - 1) >= -1e-9 * max(1.0, abs(h.total(x, k))), (coeffs, x, k)
+
+
+@pytest.mark.parametrize("policy", BOUNDED)
+@settings(max_examples=10, deadline=None)
+@given(requests_strategy, st.sampled_from([0.05, 0.5]), st.booleans())
+@example(FLOOD, 0.05, True)
+@example(BURSTS, 0.5, False)
+def test_with_dispatcher_shards_the_fleet_s_stated_bound_holds(policy, rows, tau, pinned):
+    """Two shards over two engines (docs/shards.md), T0's requests reaching shard 0 only or not: the
+    fleet's bound (the policy's, plus twice the most served in one round) holds for every backlogged
+    pair."""
+    workload = workload_of(rows, prefixed=True)
+    sim = run(workload, policy, replicas=2, shards=2, tau_s=tau, pinned={"T0": 0} if pinned else {})
+    report = sim.summary().report
+    assert report["bound_held"], (report["max_abs_service_diff"], report["bound_2u"])
