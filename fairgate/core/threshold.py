@@ -62,9 +62,12 @@ class ThresholdRule:
         chosen: list[tuple[str, str]] = []
         for name, mine in running.items():
             t = ahead[name]
-            share = math.ceil((len(mine) + low_running) * t.weight / (t.weight + low.weight))
+            share = (len(mine) + low_running) * t.weight / (t.weight + low.weight)
+            # the further past the threshold, the less of its share it keeps: as many requests need not
+            # be served as fast (longer prompts, more output at once)
+            keep = math.ceil(share * threshold / (t.counter - low.counter))
             mine.sort(key=lambda r: r.handed, reverse=True)  # the newest first: the least done, recomputed
-            chosen += [(r.id, r.worker) for r in mine[: max(0, len(mine) - share)] if r.worker is not None]
+            chosen += [(r.id, r.worker) for r in mine[: max(0, len(mine) - keep)] if r.worker is not None]
         self.taking.update(chosen)
         self.taken += len(chosen)
         return chosen
