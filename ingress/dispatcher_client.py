@@ -7,6 +7,7 @@ and adapters to every shard (each keeps its own registry), shard 0 first."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ import ray
 from ray.exceptions import RayActorError
 
 from fairgate.ingress.errors import rejection_error
+
+log = logging.getLogger(__name__)
 
 
 class DispatcherClient:
@@ -97,7 +100,10 @@ class DispatcherClient:
         was accepted there."""
         result = await self._call(lambda: send(self._actor))
         if "error" not in result:
-            await asyncio.gather(*(self._call(lambda a=a: send(a)) for a in self._shards[1:]))
+            others = await asyncio.gather(*(self._call(lambda a=a: send(a)) for a in self._shards[1:]))
+            for shard, other in enumerate(others, start=1):
+                if "error" in other:  # it lacks the change until it reloads the store
+                    log.warning("dispatcher shard %d did not take a change: %s", shard, other["error"])
         return result
 
     async def _call(self, send: Callable[[], Any]) -> Any:
