@@ -102,7 +102,10 @@ def serve_main(config_path: str | None, overrides: ServeOverrides, port: int) ->
     from fairgate.common.loopback import front_door
 
     pools = ", ".join(f"{m.name!r} ({m.workers.count} {m.workers.engine} workers)" for m in config.models)
-    print(f"fairgate is serving {pools} at {url}/v1 (policy {config.scheduler.policy}, front door {front_door()})")
+    how = f"policy {config.scheduler.policy}, front door {front_door()}"
+    if config.shards.count > 1:
+        how += f", {config.shards.count} dispatcher shards"
+    print(f"fairgate is serving {pools} at {url}/v1 ({how})")
     for name, key in generated_keys.items():
         print(f"  admin api key (for /admin) {key}" if name == ADMIN else f"  tenant {name}: api key {key}")
     if not [n for n in generated_keys if n != ADMIN]:
