@@ -72,7 +72,7 @@ def ray_environment() -> None:
 def haproxy_environment() -> dict[str, str]:
     """What a new Ray cluster needs for the HAProxy front door on this machine: a folder of its own
     (HAProxy's configuration, socket and state; the wrapper that keeps its listeners on loopback) and
-    free ports for its stats and metrics listeners."""
+    free ports for its stats and metrics listeners and for Serve's fallback proxy."""
     run_dir = tempfile.mkdtemp(prefix="fgh-")  # short: HAProxy's socket path must stay under 97 chars
     env = {
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -83,6 +83,11 @@ def haproxy_environment() -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{run_dir}/server-state",
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        # HAProxy sends what no replica can take yet to Serve's fallback proxy, by default on 8500 (and
+        # 9500 for gRPC) in every cluster: two clusters on one machine would answer each other's
+        # requests there (both listen with SO_REUSEPORT)
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port()),
         # a request waits in the dispatcher's queue as long as it must, not HAProxy's default
         "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": "3600",
         # an ingress replica going away waits for HAProxy to forget it: on one machine that takes a
