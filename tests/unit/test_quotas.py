@@ -384,3 +384,21 @@ def test_a_request_unstarted_at_the_last_save_that_ran_before_the_restart_is_cou
     assert not fresh.settle_ended("w", "a1", "alice", 100, 100, 100, 5.0, assigned_at=1.0)  # once
     assert fresh.quotas.view(["alice"], 5.0)[0]["used_tokens"] == 200
     assert fresh.tenants["alice"].service == pytest.approx(100 + 2 * 100)
+
+
+def test_requests_picked_out_of_order_are_held_to_their_quotas_too():
+    """The policy's next request (carol's prompt, larger than the free room) waits, and requests behind
+    it that fit go first (relaxed head-of-line): alice's second no longer fits her quota at its turn,
+    and is refused there as it would be at the head of the line, never held past the quota."""
+    config = SchedulerConfig(cost=LinearCost(1.0, 2.0), max_engine_waiting=0)
+    s = FairScheduler(config, QuotaBook([QuotaRule("alice", "hour", 1000)]))
+    s.worker_join("w", kv_tokens=2_600)
+    assert s.submit("c0", "carol", 1_000, 10, 0.0) is None
+    assert [a.request.id for a in s.assign(0.0)] == ["c0"]  # 1,599 of the 2,600 left
+    assert s.submit("c1", "carol", 1_700, 500, 0.0) is None  # fits nowhere now
+    assert s.submit("a1", "alice", 100, 500, 0.0) is None  # each holds 600 of alice's 1,000
+    assert s.submit("a2", "alice", 100, 500, 0.0) is None
+    s.tenants["carol"].counter, s.tenants["alice"].counter = 0.0, 10.0  # carol's c1 is the policy's next
+    assert [a.request.id for a in s.assign(0.0)] == ["a1"]
+    assert [(r.id, reason) for r, reason in s.take_dropped()] == [("a2", REJECT_QUOTA)]
+    assert s.quotas.view(["alice"], 0.0)[0]["held_tokens"] == 600
