@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from fairgate.common.frame_guard import HandshakeRefused
 from fairgate.common.frames import ConnectionLost, MessageConnection, connect
 from fairgate.common.rpc import fairgate_pb2 as pb
+from fairgate.common.waits import within
 from fairgate.dispatcher.admission_service import INTERNAL_ERROR, admission_key
 
 Abandoned = Callable[[pb.SubmitRequest], None]
@@ -99,8 +100,8 @@ class AdmissionClient:
         while True:
             link = self._link
             try:
-                if link is None or link.closed:
-                    link = await self._connect()
+                if link is None or link.closed:  # the actor may be restarting: its address waits for it
+                    link = await within(self._connect(), max(0.1, deadline - loop.time()))
                 reply = await link.call(request)
                 if reply.rejected == INTERNAL_ERROR:
                     raise AdmissionRefused(reply.message)
@@ -108,7 +109,7 @@ class AdmissionClient:
             except HandshakeRefused as exc:  # refused before the call was sent
                 self._forget(link)
                 raise AdmissionRefused(f"the dispatcher refused this ingress: {exc}") from None
-            except (ConnectionLost, OSError):
+            except (ConnectionLost, OSError, TimeoutError):
                 self._forget(link)
             if loop.time() >= deadline:
                 raise DispatcherUnavailable

@@ -39,7 +39,7 @@ from fairgate.ingress.open_requests import OpenRequests, released_after
 from fairgate.ingress.openai_api import ChatFields, CompletionFields, parse_json
 from fairgate.ingress.pools import ModelPools, Served, not_found
 from fairgate.ingress.service_tier import echo_tier
-from fairgate.ingress.shard_admission import ShardedAdmission
+from fairgate.ingress.shard_admission import FAILOVER_S, ShardedAdmission
 
 DISPATCHER_WAIT_S = 60.0  # how long a request waits for a restarting dispatcher
 MAX_PLACEMENTS = 5  # placements of one request whose workers were lost before its first token
@@ -96,8 +96,11 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._admin_key_hash = config.admin_key_hash
         self._dispatcher = DispatcherClient(get_or_create_dispatchers(app_name, config, secret), DISPATCHER_WAIT_S)
         self._pools = ModelPools(config, self._dispatcher.adapters_for)
+        shards = self._dispatcher.shards
         self._admission = ShardedAdmission(
-            [self._admission_client(k, secret) for k in range(self._dispatcher.shards)], replica_rank()
+            [self._admission_client(k, secret, FAILOVER_S if shards > 1 else DISPATCHER_WAIT_S) for k in range(shards)],
+            replica_rank(),
+            DISPATCHER_WAIT_S,
         )
         self._connections = WorkerConnections(secret.encode())
         self._workers = workers  # the worker deployment, bound so that Serve runs it with this app
@@ -107,11 +110,11 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         self._listen = listen
         self._listener: DirectListener | None = None
 
-    def _admission_client(self, shard: int, secret: str) -> AdmissionClient:
+    def _admission_client(self, shard: int, secret: str, wait_s: float) -> AdmissionClient:
         return AdmissionClient(
             lambda: self._dispatcher.admission_address(shard),
             secret,
-            DISPATCHER_WAIT_S,
+            wait_s,
             abandoned=lambda request: self._dispatcher.release(request.request_id, request.model, shard),
         )
 

@@ -161,3 +161,54 @@ def test_a_restarted_rounds_runner_goes_on_from_the_figures_the_shards_last_adop
         assert restarted.number == first.number + 1
 
     asyncio.run(scenario())
+
+
+def test_an_ingress_passes_over_a_shard_that_does_not_answer_and_follows_redirects():
+    """Shard 0's admission endpoint is gone and its actor does not answer (restarting): after the short
+    wait a request asks shard 1, ``retry`` set; a redirect from shard 1 to shard 0 is followed when
+    shard 0 answers again."""
+    from fairgate.common.rpc import fairgate_pb2 as pb
+    from fairgate.dispatcher.admission_service import AdmissionServer
+    from fairgate.ingress.admission_client import AdmissionClient
+    from fairgate.ingress.shard_admission import ShardedAdmission
+
+    async def scenario():
+        seen: list[tuple[int, str, bool]] = []
+
+        def admit(shard: int, redirect: str = ""):
+            async def answer(request: pb.SubmitRequest) -> pb.SubmitReply:
+                seen.append((shard, request.request_id, request.retry))
+                if redirect and request.request_id == "dealt":
+                    return pb.SubmitReply(redirect=redirect)
+                return pb.SubmitReply(shard=shard, worker_id=f"w{shard}")
+
+            return answer
+
+        one = AdmissionServer(admit(1, redirect="0"), SECRET, 1 << 20)
+        addresses = {1: await one.start("127.0.0.1")}
+        restarting = asyncio.Event()  # shard 0's actor: its address waits for it
+
+        async def where(shard: int) -> str:
+            if shard == 0:
+                await restarting.wait()
+            return addresses[shard]
+
+        clients = [
+            AdmissionClient(lambda k=k: where(k), SECRET.decode(), wait_s=0.3, abandoned=lambda r: None)
+            for k in range(2)
+        ]
+        admission = ShardedAdmission(clients, home=0, wait_s=10.0)
+        reply = await admission.submit(pb.SubmitRequest(request_id="r1", tenant="A"))
+        assert (reply.shard, admission.failovers) == (1, 1)
+        assert seen == [(1, "r1", True)]  # asked again: the shard passed over may hold it
+        zero = AdmissionServer(admit(0), SECRET, 1 << 20)
+        addresses[0] = await zero.start("127.0.0.1")
+        restarting.set()
+        reply = await ShardedAdmission(clients, home=1).submit(pb.SubmitRequest(request_id="dealt", tenant="A"))
+        assert reply.shard == 0 and seen[-2:] == [(1, "dealt", False), (0, "dealt", True)]
+        for client in clients:
+            await client.close()
+        await one.stop()
+        await zero.stop()
+
+    asyncio.run(scenario())
