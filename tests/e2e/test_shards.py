@@ -1,9 +1,10 @@
 """Two dispatcher shards on real Ray, gRPC, HTTP and Redis (docs/shards.md): two ingress replicas, two
 workers (one per shard), two tenants. alice's requests all come through one ingress replica (so they
 reach one shard), bob's through both. Both tenants' shares stay within the fleet's bound, and alice is
-served by both shards' workers (the rounds deal her waiting requests). Then one shard's process is
-SIGKILLed under the flood: no client sees an error, and every tenant's charges, once the shards
-agree again, are exactly what its clients were served: none lost, none counted twice.
+served by both shards' workers (the rounds deal her waiting requests). Then a shard's process (or
+the rounds' runner's) is SIGKILLed under the flood: no client sees an error, and every tenant's
+charges, once the shards agree again, are exactly what its clients were served: none lost, none
+counted twice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 import ray
 
 from fairgate.dispatcher.actor import dispatcher_name
+from fairgate.dispatcher.names import rounds_name
 from fairgate.ingress.deployment import SHARD_HEADER
 from tests.conftest import RedisServer
 from tests.e2e.gateway_helpers import Gateway, deploy, scrape
@@ -213,25 +215,34 @@ def test_skewed_ingress_both_shards_serve_alice_and_shares_stay_within_the_fleet
     assert metrics[("fairgate_fairness_bound_fleet", "")] >= metrics[("fairgate_fairness_bound_2u", "")] > 0
 
 
-def test_a_shard_killed_under_the_flood_loses_no_request_and_no_charge(sharded):
+@pytest.mark.parametrize("victim", ["shard 1", "shard 0", "the rounds' runner"])
+def test_a_process_killed_under_the_flood_loses_no_request_and_no_charge(sharded, victim):
+    """Shard 1 (a plain shard), shard 0 (the one the admin API and the live page ask) or the rounds'
+    runner (which keeps the fleet's figures in memory only) SIGKILLed under the flood."""
     gw = sharded
     stats = both_stats(gw)
-    before, life = [s["tenants"] for s in stats], stats[1]["dispatcher_id"]
-    actor = ray.get_actor(dispatcher_name(gw.name, 1), namespace="fairgate")
+    before, lives = [s["tenants"] for s in stats], [s["dispatcher_id"] for s in stats]
+    if victim == "the rounds' runner":
+        actor = ray.get_actor(rounds_name(gw.name), namespace="fairgate")
+    else:
+        actor = ray.get_actor(dispatcher_name(gw.name, int(victim[-1])), namespace="fairgate")
     killed = {}
 
-    async def kill_shard_1() -> None:
+    async def kill() -> None:
         pid = (await actor.process.remote())["pid"]
         os.kill(pid, signal.SIGKILL)
-        killed["at"] = time.monotonic()
+        killed["pid"] = pid
 
-    out, _ = asyncio.run(flood(gw, 8.0, during=kill_shard_1))
+    out, _ = asyncio.run(flood(gw, 8.0, during=kill))
     assert killed
     assert not out.failed, out.failed[:5]
     after = asyncio.run(settled(gw))
-    assert after[1]["dispatcher_id"] != life  # shard 1 restarted (from its durable state in Redis)
+    if victim != "the rounds' runner":  # the shard restarted, from its durable state in Redis
+        assert after[int(victim[-1])]["dispatcher_id"] != lives[int(victim[-1])]
+    else:
+        assert ray.get(actor.process.remote())["pid"] != killed["pid"]
     for tenant, n in out.served.items():
         charged = [s["tenants"][tenant]["service"] - b[tenant]["service"] for s, b in zip(after, before, strict=True)]
-        print(f"{tenant}: {n} requests served, charged {charged} (exact {n * COST})")
+        print(f"{victim} killed; {tenant}: {n} requests served, charged {charged} (exact {n * COST})")
         assert charged[0] == pytest.approx(n * COST), (tenant, charged, n)
         assert charged[1] == pytest.approx(charged[0])
