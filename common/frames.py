@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
@@ -310,3 +311,38 @@ async def listen(
     server = await asyncio.get_running_loop().create_server(made, host, port)
     bound = server.sockets[0].getsockname()[1]
     return server, f"{host}:{bound}", gate
+
+
+class MessageServer:
+    """A listener whose connections are ``MessageConnection``s (``connection`` makes one, given the set
+    the server keeps them in): the admission endpoint's, the shards' rounds', a worker's data plane.
+    Its address changes when its process restarts."""
+
+    def __init__(self, connection: Callable[[set[Any]], MessageConnection], guard: Guard) -> None:
+        self._connection = connection
+        self._guard = guard
+        self._server: asyncio.Server | None = None
+        self.connections: set[MessageConnection] = set()
+        self.address = ""
+
+    async def start(self, host: str, port: int = 0) -> str:
+        self._server, self.address, _ = await listen(
+            host, lambda: self._connection(self.connections), self._guard, port
+        )
+        return self.address
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Take no new connections; give the calls running ``grace_s`` to end, then cut every
+        connection (their calls are cancelled)."""
+        if self._server is None:
+            return
+        self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while any(c.busy() for c in self.connections) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        self._server = None

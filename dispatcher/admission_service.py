@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fairgate.common.frame_guard import ADMISSION_HOP, Guard, hop_key
-from fairgate.common.frames import MessageConnection, listen
+from fairgate.common.frames import MessageConnection, MessageServer
 from fairgate.common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -80,28 +80,10 @@ class _AdmissionConnection(MessageConnection):
             self.send_message(reply)
 
 
-class AdmissionServer:
+class AdmissionServer(MessageServer):
     """The endpoint on its own port (it changes when the dispatcher restarts: the ingress asks the
-    actor for it again)."""
+    actor for it again); stopping it withdraws the waiting calls."""
 
     def __init__(self, admit: Admit, secret: bytes, max_frame_bytes: int) -> None:
-        self._admit = admit
-        self._guard = Guard(admission_key(secret), max_frame_bytes)
-        self._server: asyncio.Server | None = None
-        self._connections: set[_AdmissionConnection] = set()
-        self.address = ""
-
-    async def start(self, host: str, port: int = 0) -> str:
-        self._server, self.address, self.gate = await listen(
-            host, lambda: _AdmissionConnection(self._admit, self._connections), self._guard, port
-        )
-        return self.address
-
-    async def stop(self) -> None:
-        """Close the endpoint and every connection (their waiting calls are withdrawn)."""
-        if self._server is None:
-            return
-        self._server.close()
-        for conn in list(self._connections):
-            conn.abort()
-        self._server = None
+        guard = Guard(admission_key(secret), max_frame_bytes)
+        super().__init__(lambda connections: _AdmissionConnection(admit, connections), guard)

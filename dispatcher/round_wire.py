@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fairgate.common.frame_guard import ROUNDS_HOP, Guard, hop_key
-from fairgate.common.frames import ConnectionLost, MessageConnection, connect, listen
+from fairgate.common.frames import ConnectionLost, MessageConnection, MessageServer, connect
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.core.shards import LastRound, ShardReport
 
@@ -83,29 +83,12 @@ class _RoundConnection(MessageConnection):
             self.send_message(answer)
 
 
-class RoundServer:
+class RoundServer(MessageServer):
     """A shard's end, on its own port (it changes when the shard restarts)."""
 
     def __init__(self, handlers: Mapping[str, Handler], secret: bytes, max_frame_bytes: int) -> None:
-        self._handlers = handlers
-        self._guard = Guard(hop_key(secret, ROUNDS_HOP), max_frame_bytes)
-        self._server: asyncio.Server | None = None
-        self._connections: set[_RoundConnection] = set()
-        self.address = ""
-
-    async def start(self, host: str, port: int = 0) -> str:
-        self._server, self.address, _ = await listen(
-            host, lambda: _RoundConnection(self._handlers, self._connections), self._guard, port
-        )
-        return self.address
-
-    async def stop(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for conn in list(self._connections):
-            conn.abort()
-        self._server = None
+        guard = Guard(hop_key(secret, ROUNDS_HOP), max_frame_bytes)
+        super().__init__(lambda connections: _RoundConnection(handlers, connections), guard)
 
 
 class RoundFailed(RuntimeError):

@@ -21,7 +21,7 @@ from ray import serve
 from fairgate.common.config import GatewayConfig
 from fairgate.common.key_hashing import KeyHasher
 from fairgate.common.openai_errors import ApiError, parse_body
-from fairgate.common.replica_rank import replica_rank
+from fairgate.common.replica_rank import shard_of_replica
 from fairgate.common.rpc import fairgate_pb2 as pb
 from fairgate.common.tracing import RequestTrace, configure_tracing
 from fairgate.core.reasons import FINISH_REVOKED
@@ -99,7 +99,7 @@ class Ingress(AdminRoutes, ObservabilityRoutes):
         shards = self._dispatcher.shards
         self._admission = ShardedAdmission(
             [self._admission_client(k, secret, FAILOVER_S if shards > 1 else DISPATCHER_WAIT_S) for k in range(shards)],
-            replica_rank(),
+            shard_of_replica(shards),
             DISPATCHER_WAIT_S,
         )
         self._connections = WorkerConnections(secret.encode())

@@ -36,10 +36,6 @@ class DispatcherClient:
         actor = self._shards[shard]
         return await self._call(lambda: actor.admission_address.remote())
 
-    async def shard_telemetry(self) -> list[dict[str, Any]]:
-        """Every shard's own figures (the live page's and /metrics' per-shard rows)."""
-        return list(await asyncio.gather(*(self._call(lambda a=a: a.telemetry.remote()) for a in self._shards)))
-
     async def telemetry(self, series_s: float = 0.0) -> dict[str, Any]:
         """Figures for /metrics and the live page (``series_s``: that much history for its charts)."""
         return await self._call(lambda: self._actor.telemetry.remote(series_s))

@@ -10,13 +10,11 @@ aborted in the engine at once. A finished connection waits for the ingress's nex
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
 from fairgate.common.frame_guard import Guard
-from fairgate.common.frames import ConnectionLost, MessageConnection, listen
+from fairgate.common.frames import ConnectionLost, MessageConnection, MessageServer
 from fairgate.common.rpc import fairgate_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -49,36 +47,9 @@ class _GenerateConnection(MessageConnection):
             await chunks.aclose()  # type: ignore[attr-defined]
 
 
-class GenerateServer:
+class GenerateServer(MessageServer):
     """Listens on ``host`` (``port`` 0: any free port); ``serve`` answers each request; ``guard``: who
-    may connect and how much they may send."""
+    may connect and how much they may send. ``stop(grace_s)`` gives running requests that long."""
 
     def __init__(self, serve: Serve, guard: Guard) -> None:
-        self._serve = serve
-        self._guard = guard
-        self._server: asyncio.Server | None = None
-        self._connections: set[_GenerateConnection] = set()
-        self.address = ""
-
-    async def start(self, host: str, port: int = 0) -> str:
-        self._server, self.address, self.gate = await listen(
-            host, lambda: _GenerateConnection(self._serve, self._connections), self._guard, port
-        )
-        return self.address
-
-    async def stop(self, grace_s: float = 0.5) -> None:
-        """Take no new connections; give running requests ``grace_s`` to end, then cut them."""
-        if self._server is None:
-            return
-        self._server.close()
-        deadline = asyncio.get_running_loop().time() + grace_s
-        while self._busy() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-        for conn in list(self._connections):
-            conn.abort()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 1.0)
-        self._server = None
-
-    def _busy(self) -> bool:
-        return any(c.busy() for c in self._connections)
+        super().__init__(lambda connections: _GenerateConnection(serve, connections), guard)

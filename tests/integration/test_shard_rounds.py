@@ -204,8 +204,10 @@ def test_an_ingress_passes_over_a_shard_that_does_not_answer_and_follows_redirec
         zero = AdmissionServer(admit(0), SECRET, 1 << 20)
         addresses[0] = await zero.start("127.0.0.1")
         restarting.set()
-        reply = await ShardedAdmission(clients, home=1).submit(pb.SubmitRequest(request_id="dealt", tenant="A"))
+        dealt = ShardedAdmission(clients, home=1)
+        reply = await dealt.submit(pb.SubmitRequest(request_id="dealt", tenant="A"))
         assert reply.shard == 0 and seen[-2:] == [(1, "dealt", False), (0, "dealt", True)]
+        assert dealt.redirects == 1
         for client in clients:
             await client.close()
         await one.stop()
