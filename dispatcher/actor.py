@@ -203,10 +203,8 @@ class DispatcherActor(AdapterCalls):
     async def shard_summary(self) -> dict[str, Any]:
         """This shard's row of the fleet's figures (its first pool's)."""
         await self._ready()
-        service = self._service
-        data = service.sample()
-        data.update(dispatcher_id=service.id, in_flight=len(service.scheduler.in_flight()))
-        return shard_row(self._shard, data, service.stats()["workers"])
+        data = self._service.telemetry()
+        return shard_row(self._shard, data, data["workers"])
 
     async def _add_fleet(self, data: dict[str, Any]) -> None:
         """Every shard's row, the rounds' figures and the fleet's gap and bound (``fleet_view``); a shard
@@ -217,7 +215,8 @@ class DispatcherActor(AdapterCalls):
         ]
         runner = ray.get_actor(rounds_name(self._app), namespace="fairgate").figures.remote()
         answers = await asyncio.gather(*(within(ref, 1.0) for ref in [*others, runner]), return_exceptions=True)
-        rows = [await self.shard_summary()] + [None if isinstance(a, BaseException) else a for a in answers[:-1]]
+        rows = [shard_row(self._shard, data, data["workers"])]  # this shard's, from what it just took
+        rows += [None if isinstance(a, BaseException) else a for a in answers[:-1]]
         rounds = answers[-1] if not isinstance(answers[-1], BaseException) else {}
         with_fleet(data, rows, rounds.get(self._first, {}))
 
@@ -232,7 +231,7 @@ class DispatcherActor(AdapterCalls):
             return False
         try:
             for model, service in self._pools.items():
-                state = service.durable_state()
+                state = service.durable_state(rounds=self._config.shards.count > 1)
                 await self._store.save_state(state, self._state_key(model))
                 service.saved(state)
             if self._quotas:

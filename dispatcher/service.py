@@ -164,16 +164,19 @@ class DispatcherService:
         if self._server is not None:
             await self._server.stop(grace=0.5)
 
-    def durable_state(self) -> dict[str, Any]:
+    def durable_state(self, rounds: bool = False) -> dict[str, Any]:
         """The scheduler's durable state, stamped with when it was saved on this service's clock (the
-        tickets' clock), with its side of the shards' rounds taken at the same moment."""
+        tickets' clock); ``rounds`` (a shard): with its side of the shards' rounds, taken at the same
+        moment."""
         state = self.scheduler.durable_state(saved_at=self._clock())
-        state["rounds"] = self._shard.state()
+        if rounds:
+            state["rounds"] = self._shard.state()
         return state
 
     def saved(self, state: Mapping[str, Any]) -> None:
         """``state`` (from ``durable_state``) is stored: the rounds need not keep its batches to take back."""
-        self._durable_seq = max(self._durable_seq, int(state["rounds"]["seq"]))
+        if "rounds" in state:
+            self._durable_seq = max(self._durable_seq, int(state["rounds"]["seq"]))
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a durable state (a restart): requests the dispatcher before assigned after
