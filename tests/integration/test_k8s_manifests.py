@@ -350,12 +350,19 @@ def test_network_policies_open_only_the_intended_doors(rendered, overlay):
     assert not _allowed(policies, head, 6379, impostor) and not _allowed(policies, worker, 9999, impostor)
 
 
-def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
+def overlay_gateways(rendered, monkeypatch) -> dict[str, dict]:
+    """Each overlay's gateway.yaml as the pod reads it (its tenants file and admin key from the Secrets)."""
     secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
     monkeypatch.setenv("FAIRGATE_ADMIN_KEY", (secrets_dir / "admin-key").read_text().strip())
+    raws = {}
     for overlay in OVERLAYS:
         raw = yaml.safe_load(one(rendered[overlay], "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
-        raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
+        raws[overlay] = raw | {"tenants_file": str(secrets_dir / "tenants.yaml")}
+    return raws
+
+
+def test_both_overlays_ship_queue_limits(rendered, monkeypatch):
+    for overlay, raw in overlay_gateways(rendered, monkeypatch).items():
         scheduler = parse_config(raw, overlay)[0].scheduler
         assert scheduler.max_queued_per_tenant and scheduler.max_queued and scheduler.max_queue_s, overlay
 
@@ -538,11 +545,7 @@ def test_pinning_puts_every_image_of_an_overlay_at_the_digest_its_tag_names(rend
 
 def test_both_overlays_name_the_dispatcher_shards_and_their_ports(rendered, monkeypatch):
     """One dispatcher by default; two shards is one line, on ports the NetworkPolicies open."""
-    secrets_dir: Path = rendered["_secrets"]  # type: ignore[assignment]
-    monkeypatch.setenv("FAIRGATE_ADMIN_KEY", (secrets_dir / "admin-key").read_text().strip())
-    for overlay in OVERLAYS:
-        raw = yaml.safe_load(one(rendered[overlay], "ConfigMap", "fairgate-gateway")["data"]["gateway.yaml"])
-        raw["tenants_file"] = str(secrets_dir / "tenants.yaml")
+    for overlay, raw in overlay_gateways(rendered, monkeypatch).items():
         assert parse_config(raw, overlay)[0].shards.count == 1
         config = parse_config({**raw, "shards": {**raw["shards"], "count": 2}}, overlay)[0]
         assert (config.shards.count, config.network.rounds_port, config.network.admission_port) == (2, 9130, 9100)
