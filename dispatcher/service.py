@@ -602,6 +602,8 @@ class DispatcherService:
                     self._taken_back(f.request_id)
                 elif done is not None and f.reason != "abort" and self._observe:
                     self.latency.observe(now - done.arrival)
+            if r.ack:  # its ends are counted: the worker may let their last bytes go
+                self._links[worker_id].outbox.put_nowait(pb.DispatcherMessage(acked=r.ack))
         elif kind == "goodbye":
             s.worker_drain(worker_id)
         return worker_id

@@ -206,12 +206,12 @@ class Worker:
                 self._remember_ended(f.id, gone, f.output_tokens)
 
     async def end_reported(self, r: _Running) -> None:
-        """Until the report of ``r``'s end has been written to the dispatcher's stream (the engine's
-        last step report for it has come by now, if its response has ended)."""
+        """Until the dispatcher has applied the report of ``r``'s end (the engine's last step report for
+        it has come by now, if its response has ended)."""
         await asyncio.sleep(0)
         if r.end_report is not None:
             outbox, position = r.end_report
-            await outbox.until_written(position, END_REPORT_WAIT_S)
+            await outbox.until_acked(position, END_REPORT_WAIT_S)
 
     def arrived(self, request_id: str) -> None:
         """A request reached this worker with a valid ticket: the next report says so, within
@@ -329,15 +329,15 @@ class Worker:
                 return
             if msg.WhichOneof("kind") != "report":
                 yield msg
-                outbox.wrote(held=int(held is not None))
                 continue
             await self._report_pace(reported)  # steps faster than the pace: theirs go as one message
             reported = loop.time()
             if not outbox.empty():
                 msg, held = _merge_queued(msg, outbox)
             self._urgent = False
+            if msg.report.finished:  # its ends' last bytes wait for the dispatcher to count them
+                msg.report.ack = outbox.sending(held=int(held is not None and held is not _CLOSED))
             yield msg
-            outbox.wrote(held=int(held is not None and held is not _CLOSED))
             if held is _CLOSED:
                 return
 
@@ -389,6 +389,8 @@ class Worker:
             self.release(msg.abort.request_id)
         elif kind == "revoke":
             self.revoke(msg.revoke.request_id)
+        elif kind == "acked":
+            self._outbox.acked(msg.acked)
         elif kind == "pace":
             linger = min(REPORT_LINGER_MAX_S, max(REPORT_LINGER_S, msg.pace.report_interval_s))
             self._report_linger = linger

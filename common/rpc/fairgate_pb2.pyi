@@ -139,7 +139,7 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., ticket_expires_at: _Optional[float] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads", "kv_events", "arrived")
+    __slots__ = ("started", "new_tokens", "finished", "free_tokens", "running", "waiting", "step_seconds", "adapters", "host_adapters", "adapter_load_seconds", "adapter_loads", "kv_events", "arrived", "ack")
     class AdapterLoadSecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class StepReport(_message.Message):
     ADAPTER_LOADS_FIELD_NUMBER: _ClassVar[int]
     KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     started: _containers.RepeatedCompositeFieldContainer[Started]
     new_tokens: _containers.RepeatedCompositeFieldContainer[TokenCount]
     finished: _containers.RepeatedCompositeFieldContainer[Finished]
@@ -180,7 +181,8 @@ class StepReport(_message.Message):
     adapter_loads: _containers.ScalarMap[str, int]
     kv_events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     arrived: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ..., kv_events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., arrived: _Optional[_Iterable[str]] = ...) -> None: ...
+    ack: int
+    def __init__(self, started: _Optional[_Iterable[_Union[Started, _Mapping]]] = ..., new_tokens: _Optional[_Iterable[_Union[TokenCount, _Mapping]]] = ..., finished: _Optional[_Iterable[_Union[Finished, _Mapping]]] = ..., free_tokens: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., step_seconds: _Optional[float] = ..., adapters: _Optional[_Iterable[str]] = ..., host_adapters: _Optional[_Iterable[str]] = ..., adapter_load_seconds: _Optional[_Mapping[str, float]] = ..., adapter_loads: _Optional[_Mapping[str, int]] = ..., kv_events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., arrived: _Optional[_Iterable[str]] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class KvEvent(_message.Message):
     __slots__ = ("kind", "medium", "hashes")
@@ -231,20 +233,22 @@ class Goodbye(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("welcome", "drain", "abort", "released", "pace", "revoke")
+    __slots__ = ("welcome", "drain", "abort", "released", "pace", "revoke", "acked")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     PACE_FIELD_NUMBER: _ClassVar[int]
     REVOKE_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     drain: Drain
     abort: Abort
     released: Released
     pace: Pace
     revoke: Revoke
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ...) -> None: ...
+    acked: int
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., released: _Optional[_Union[Released, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., revoke: _Optional[_Union[Revoke, _Mapping]] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class Pace(_message.Message):
     __slots__ = ("report_interval_s",)

@@ -50,18 +50,20 @@ def test_the_outbox_end_found_while_merging_is_kept():
     assert held is _CLOSED and merged.report.new_tokens[0].tokens == 2
 
 
-def test_a_position_is_written_once_the_stream_wrote_what_it_took_but_not_what_it_held():
+def test_a_position_is_acknowledged_once_the_dispatcher_applied_what_carried_it_but_not_what_was_held():
     async def scenario():
         outbox = ReportOutbox()
         first, second = outbox.put_nowait(report()), outbox.put_nowait(report())
         assert (first, second) == (1, 2)
-        waiting = asyncio.create_task(outbox.until_written(second, 30.0))
+        waiting = asyncio.create_task(outbox.until_acked(second, 30.0))
         await outbox.get()
         outbox.get_nowait()
-        outbox.wrote(held=1)  # the second was taken while merging and goes with the next write
+        carried = outbox.sending(held=1)  # the second was taken while merging and goes with the next
+        assert carried == first
+        outbox.acked(carried)
         await asyncio.sleep(0.01)
         assert not waiting.done()
-        outbox.wrote()
+        outbox.acked(outbox.sending())
         await asyncio.wait_for(waiting, 1.0)
 
     asyncio.run(scenario())
@@ -72,9 +74,9 @@ def test_nobody_waits_on_a_closed_stream_or_past_the_timeout():
         outbox = ReportOutbox()
         position = outbox.put_nowait(report())
         started = asyncio.get_running_loop().time()
-        await outbox.until_written(position, 0.05)
+        await outbox.until_acked(position, 0.05)
         assert asyncio.get_running_loop().time() - started >= 0.04
-        waiting = asyncio.create_task(outbox.until_written(position, 30.0))
+        waiting = asyncio.create_task(outbox.until_acked(position, 30.0))
         await asyncio.sleep(0.01)
         outbox.close()  # the stream broke: the next stream's hello says what ended
         await asyncio.wait_for(waiting, 1.0)
